@@ -1,0 +1,14 @@
+"""attnprune: spend transformer compute only where it matters, and prove it.
+
+    import attnprune
+    attnprune.patch(model, "entropy", keep_ratio=0.5, after_layer=1)
+    attnprune.unpatch(model)
+    attnprune.list_methods()
+
+Importing the package has no side effects: no threads set, no files written, no network.
+"""
+
+from .api import aux_loss, list_methods, patch, patch_state, unpatch
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "aux_loss", "list_methods", "patch", "patch_state", "unpatch"]

@@ -1,0 +1,1 @@
+"""Benchmarks: one module per target, each a command (``attnprune bench <target>``)."""

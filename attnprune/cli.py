@@ -1,0 +1,79 @@
+"""The ``attnprune`` command line: a thin dispatcher (contract in DESIGN.md).
+
+    attnprune <command> [--config FILE.yaml] [--key value ...] --out DIR
+
+Each command lives in its own module as ``main(argv) -> int`` that parses its options into a
+frozen config and calls one library function; modules are imported only when their command
+runs, so ``attnprune --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from .config import ConfigError
+
+# command words → "module:function" taking the remaining argv
+COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("reproduce", "synthetic"): ("attnprune.synthetic.cli:main",
+                                 "the entropy-pruning paper's synthetic track, trained for real"),
+    ("finetune",): ("attnprune.finetune:main", "fine-tune and evaluate an HF encoder with a method"),
+    ("lm",): ("attnprune.lm:main", "train / evaluate a causal LM (GPT-2 family) with a method"),
+    ("bench", "encoder"): ("attnprune.bench.encoder:main", "speed and FLOPs of token pruning on an encoder"),
+    ("bench", "attention"): ("attnprune.bench.attention:main", "speed of attention-level methods"),
+    ("bench", "lm"): ("attnprune.bench.lm:main", "speed and FLOPs of causal-LM token pruning"),
+    ("report",): ("attnprune.report:main", "(re)build the HTML report of a results folder"),
+    ("compare",): ("attnprune.compare:main", "paired comparison table from saved predictions"),
+    ("methods",): ("attnprune.cli:methods_main", "list the registered methods"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: attnprune <command> [--config FILE.yaml] [--key value ...] [--out DIR]", "", "commands:"]
+    for words, (_, text) in COMMANDS.items():
+        lines.append(f"  {' '.join(words):<20} {text}")
+    lines.append("")
+    lines.append("Run 'attnprune <command> --help' for a command's options.")
+    return "\n".join(lines)
+
+
+def methods_main(argv: list[str]) -> int:
+    """``attnprune methods``: one line per registered method."""
+    from . import registry
+
+    for name in registry.list_methods():
+        spec = registry.get(name)
+        print(f"{name:<20} {spec.kind:<10} {spec.summary}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    for words in sorted(COMMANDS, key=len, reverse=True):
+        if tuple(argv[: len(words)]) == words:
+            target, _ = COMMANDS[words]
+            module, func = target.split(":")
+            try:
+                fn = getattr(importlib.import_module(module), func)
+            except (ImportError, AttributeError) as e:
+                print(f"attnprune: command '{' '.join(words)}' is not available: {e}", file=sys.stderr)
+                return 2
+            try:
+                return int(fn(argv[len(words):]) or 0)
+            except ConfigError as e:
+                print(f"attnprune {' '.join(words)}: error: {e}", file=sys.stderr)
+                return 2
+            except KeyboardInterrupt:
+                print("\ninterrupted: finished runs are saved; rerun with the same --out to resume",
+                      file=sys.stderr)
+                return 130
+    print(f"attnprune: unknown command {' '.join(argv[:2])!r}\n\n{_usage()}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Data: synthetic generators and text datasets (HF datasets online; files offline)."""

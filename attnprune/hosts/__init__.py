@@ -1,0 +1,80 @@
+"""Hosts wire methods into model families (ToMe's ``patch/<host>.py``).
+
+A host module registers itself with :func:`register_host`: the method kinds it serves, a
+predicate that recognises models it can patch, and a ``patch(model, spec, **options)``
+function that returns a :class:`PatchState`. ``attnprune.patch`` picks the first host whose
+kind and predicate match. Every module in this folder is imported by walking the package.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+class PatchState:
+    """What a patch leaves on the model (``model._attnprune``): how to undo it and how to
+    read the auxiliary losses of the last forward.
+
+    Hosts subclass it; ``aux_losses`` is a list that the host refills on every forward
+    (cleared at the start of the forward), so the caller sees the losses of its last call.
+    """
+
+    def __init__(self, method: str, modules: nn.Module | None = None) -> None:
+        self.method = method
+        self.modules = modules  # the method's nn.Module(s), registered on the model
+        self.aux_losses: list[torch.Tensor] = []
+        self.stats: dict = {}  # per-forward statistics (kept counts per layer, ...)
+
+    def unpatch(self, model: nn.Module) -> None:
+        raise NotImplementedError
+
+    def aux_loss(self) -> torch.Tensor | None:
+        if not self.aux_losses:
+            return None
+        return torch.stack([a.reshape(()) for a in self.aux_losses]).sum()
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    kinds: tuple[str, ...]
+    matches: Callable[[nn.Module], bool]
+    patch: Callable[..., PatchState]
+
+
+_HOSTS: list[Host] = []
+
+
+def register_host(name: str, kinds: tuple[str, ...], matches: Callable[[nn.Module], bool]):
+    """Decorator on a host's ``patch`` function."""
+
+    def deco(fn):
+        _HOSTS.append(Host(name, tuple(kinds), matches, fn))
+        return fn
+
+    return deco
+
+
+def _load_all() -> None:
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+def find_host(model: nn.Module, kind: str) -> Host:
+    """The host that patches ``model`` for methods of ``kind``; ValueError if none does."""
+    _load_all()
+    for host in _HOSTS:
+        if kind in host.kinds and host.matches(model):
+            return host
+    served = sorted({h.name for h in _HOSTS if kind in h.kinds})
+    raise ValueError(
+        f"model: no host patches {type(model).__name__} for {kind!r} methods "
+        f"(hosts for {kind!r}: {', '.join(served) or 'none'})"
+    )

@@ -1,0 +1,143 @@
+"""Measured cost: FLOPs counted by torch, wall time by one timing function, peak memory.
+
+* FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` with the CPU SDPA gap filled: torch
+  2.13 does not count ``aten._scaled_dot_product_flash_attention_for_cpu`` (REFERENCE_VALUES.md),
+  so :func:`count_flops` passes a ``custom_mapping`` for it (and its backward) that reuses
+  torch's own ``sdpa_flop_count`` formulas, and turns off the fused MultiheadAttention fast path
+  that the counter cannot see. Units: FLOPs (2 per multiply-add), as FlopCounterMode reports.
+* Wall time: :func:`time_fn` — warm-up runs discarded, then median and MAD of repeats, with the
+  thread count recorded. Every benchmark and plot in the project uses it.
+
+Written by hand because no library does this for torch on CPU with the SDPA fix; the formulas
+themselves are torch's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch.utils import flop_counter as fc
+
+__all__ = ["Timing", "count_flops", "env_info", "peak_memory", "time_fn"]
+
+
+def _sdpa_cpu_mapping() -> dict:
+    """custom_mapping entries for the CPU flash-attention op torch's counter skips."""
+    aten = torch.ops.aten
+    mapping: dict = {}
+    fwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if fwd is not None:
+
+        def fwd_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
+            return fc.sdpa_flop_count(query, key, value)
+
+        mapping[fwd] = fwd_flops  # FlopCounterMode applies shape_wrapper itself
+    bwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    if bwd is not None:
+
+        def bwd_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+            return fc.sdpa_backward_flop_count(grad_out, query, key, value)
+
+        mapping[bwd] = bwd_flops
+    return mapping
+
+
+@contextlib.contextmanager
+def _no_mha_fastpath():
+    prev = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(prev)
+
+
+def count_flops(fn: Callable[..., Any], *args, by_module: bool = False, **kwargs):
+    """Run ``fn(*args, **kwargs)`` once under FlopCounterMode (with the CPU SDPA fix).
+
+    Returns the total FLOPs (int), or ``(total, per_module_dict)`` with ``by_module=True``.
+    Causal attention is not halved by the counter (it counts the full score matrix).
+    """
+    mode = fc.FlopCounterMode(display=False, custom_mapping=_sdpa_cpu_mapping())
+    with _no_mha_fastpath(), mode:
+        fn(*args, **kwargs)
+    total = int(mode.get_total_flops())
+    if not by_module:
+        return total
+    per = {name: int(sum(d.values())) for name, d in mode.get_flop_counts().items()}
+    return total, per
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_s: float
+    mad_s: float
+    repeats: int
+    warmup: int
+    threads: int
+    times_s: tuple[float, ...]
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["times_s"] = list(self.times_s)
+        return d
+
+
+def time_fn(fn: Callable[[], Any], repeats: int = 10, warmup: int = 2) -> Timing:
+    """Time ``fn()``: ``warmup`` runs discarded, then median and MAD of ``repeats`` runs.
+
+    MAD is the median absolute deviation from the median (unscaled). Call it for the full
+    model and the pruned model in the same process, and report their ratio.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be ≥ 1, got {repeats}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be ≥ 0, got {warmup}")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    mad = statistics.median(abs(t - med) for t in times)
+    return Timing(med, mad, repeats, warmup, torch.get_num_threads(), tuple(times))
+
+
+def peak_memory(fn: Callable[[], Any]) -> int:
+    """Peak bytes allocated by Python/NumPy during ``fn()`` plus torch's CPU allocator peak
+    where the build exposes it; a rough figure for CPU (tracemalloc sees torch tensors only
+    through the default allocator's Python hooks, so we also read ``ru_maxrss`` deltas)."""
+    import resource
+
+    gc.collect()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    tracemalloc.start()
+    try:
+        fn()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(max(peak, (after - before) * 1024))
+
+
+def env_info() -> dict:
+    """The environment block of ``summary.json``."""
+    import platform
+
+    return {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "device": "cpu",
+        "python": platform.python_version(),
+    }

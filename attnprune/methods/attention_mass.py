@@ -1,0 +1,44 @@
+"""Attention-mass selection: keep the tokens that receive the most attention.
+
+Score of token j = attention it receives, averaged over heads and over the real queries i:
+    a_j = (1 / (H·n)) Σ_h Σ_i A_h[i, j]                        (variant "mean")
+or the attention the first token (CLS) pays to it:
+    a_j = (1 / H) Σ_h A_h[0, j]                                 (variant "cls")
+Baseline of the entropy paper (§5) and the LTP importance of ``token_pruning_bert_to_gpt2.txt``.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..registry import register
+from ..selection import topk_keep
+from .base import Selection, TokenMethod
+
+
+def attention_received(attn: Tensor, mask: Tensor, variant: str = "mean") -> Tensor:
+    """(B, H, L, L) attention probabilities → (B, L) importance per key token."""
+    if variant == "cls":
+        return attn[:, :, 0, :].mean(dim=1)
+    q = mask.to(attn.dtype)[:, None, :, None]  # only real queries vote
+    n = mask.sum(dim=1).clamp_min(1).to(attn.dtype)
+    return (attn * q).sum(dim=(1, 2)) / (attn.shape[1] * n[:, None])
+
+
+@register("attention_mass", kind="token", paper="entropy_guided_token_pruning.txt §5")
+class AttentionMass(TokenMethod):
+    """Keep the ⌊ρ·n⌋ tokens that receive the most attention (mean over heads and queries, or CLS)."""
+
+    needs_attention = True
+
+    def __init__(self, variant: str = "mean") -> None:
+        super().__init__()
+        if variant not in ("mean", "cls"):
+            raise ValueError(f"variant must be 'mean' or 'cls', got {variant!r}")
+        self.variant = variant
+
+    def forward(self, hidden, mask, attn=None, keep_ratio=0.5, layer=0, labels=None, protect=None):
+        if attn is None:
+            raise ValueError("attention_mass needs the attention probabilities of the previous layer")
+        scores = attention_received(attn.detach(), mask, self.variant)
+        return Selection(topk_keep(scores, mask, keep_ratio=keep_ratio, protect=protect), scores=scores)

@@ -1,0 +1,60 @@
+"""The contract between token-pruning methods and the hosts that wire them into models.
+
+A token method looks at the hidden states X⁽ˡ⁾ (B, L, d) after a layer (and, if it asks for
+them, that layer's attention probabilities A (B, H, L, L)) and returns a :class:`Selection`:
+which tokens survive. The host removes the others from the tensor (gather) before the next
+layer. Methods never import a host and never know which HF class they run in.
+
+Training-time relaxations (a soft mask m̃ in [0, 1]) are returned in ``Selection.soft``; a host
+in training mode multiplies the hidden states by it instead of gathering, so gradients reach
+the gate. Auxiliary losses (budget, sparsity, per-token head losses) are returned in
+``Selection.aux_loss``; hosts add them up and expose the sum through
+``attnprune.aux_loss(model)``, which training loops add to the task loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass
+class Selection:
+    keep: Tensor  # (B, L) bool: hard decision; padding is always False
+    soft: Tensor | None = None  # (B, L) float in [0, 1]: relaxed mask used in training, or None
+    scores: Tensor | None = None  # (B, L) importance scores, higher = keep (for analysis)
+    aux_loss: Tensor | None = None  # scalar added to the task loss, or None
+    info: dict | None = None  # extra per-token tensors for analysis (e.g. entropy, probs)
+
+
+class TokenMethod(nn.Module):
+    """Base class of token-pruning methods (kind "token").
+
+    Subclasses set ``needs_attention`` when they score from attention probabilities and
+    ``needs_labels`` when a training loss of theirs uses the sequence labels; they implement
+    :meth:`forward`. ``protect_first`` keeps position 0 (CLS) whatever its score.
+    """
+
+    needs_attention: bool = False
+    needs_labels: bool = False
+
+    def forward(
+        self,
+        hidden: Tensor,  # (B, L, d)
+        mask: Tensor,  # (B, L) bool, True = real token
+        attn: Tensor | None = None,  # (B, H, L, L) attention probabilities of the last layer
+        keep_ratio: float = 0.5,
+        layer: int = 0,
+        labels: Tensor | None = None,  # (B,) sequence labels, in training only
+        protect: Tensor | None = None,  # (B, L) bool, tokens that must be kept (e.g. CLS)
+    ) -> Selection:
+        raise NotImplementedError
+
+
+def protect_first(mask: Tensor) -> Tensor:
+    """(B, L) bool marking position 0 of every row (the CLS token)."""
+    p = torch.zeros_like(mask, dtype=torch.bool)
+    p[:, 0] = True
+    return p & mask.bool()

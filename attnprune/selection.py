@@ -1,0 +1,186 @@
+"""Pure tensor functions for token selection: scores → keep masks → gathered short batches.
+
+No ``nn.Module`` state lives here (ToMe's ``merge.py`` split): methods compute scores, hosts
+wire the result into a model, and both use these functions.
+
+Notation (papers' symbols):
+    B batch, L sequence length, d width, ρ keep ratio (``keep_ratio``), k = ⌊ρL⌋ kept tokens,
+    H_i per-token entropy, τ temperature, m_i ∈ {0, 1} keep mask, m̃_i relaxed mask.
+
+Conventions:
+    * ``mask`` (B, L) bool: True = a real token (not padding). Padding is never kept and never
+      counted as kept.
+    * ``keep`` (B, L) bool: True = the token survives the pruning step.
+    * Scores: higher = more important (keep first).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "Gathered",
+    "budget",
+    "check_keep_ratio",
+    "entropy",
+    "gather_tokens",
+    "gumbel_sigmoid",
+    "scatter_tokens",
+    "threshold_keep",
+    "topk_keep",
+]
+
+
+def check_keep_ratio(keep_ratio: float, name: str = "keep_ratio") -> float:
+    """Validate ρ ∈ (0, 1] and return it as a float; the error names the field."""
+    try:
+        value = float(keep_ratio)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number in (0, 1], got {keep_ratio!r}") from None
+    if not (0.0 < value <= 1.0) or math.isnan(value):
+        raise ValueError(f"{name} must be in (0, 1], got {keep_ratio!r}")
+    return value
+
+
+def budget(n_tokens: Tensor | int, keep_ratio: float, minimum: int = 1) -> Tensor:
+    """k = ⌊ρ·n⌋ per example, at least ``minimum`` (a sequence never loses all its tokens).
+
+    ``n_tokens`` is the count of real (non-padding) tokens per example; a row with no real
+    tokens gets k = 0. A small epsilon guards ⌊0.5·64⌋ against float error (0.5*64 = 32.0 exactly,
+    but 0.7*10 = 6.999…).
+    """
+    n = torch.as_tensor(n_tokens)
+    k = torch.floor(n.to(torch.float64) * keep_ratio + 1e-9).to(torch.long)
+    k = torch.clamp(k, min=minimum)
+    return torch.minimum(k, n.to(torch.long))
+
+
+def topk_keep(
+    scores: Tensor,
+    mask: Tensor | None = None,
+    keep_ratio: float | None = None,
+    k: Tensor | int | None = None,
+    protect: Tensor | None = None,
+) -> Tensor:
+    """Keep the k highest-scoring real tokens of each row; returns a (B, L) bool mask.
+
+    Exactly one of ``keep_ratio`` (k = ⌊ρ·n_real⌋, ≥ 1) and ``k`` (int or (B,) tensor) is given.
+    ``protect`` (B, L) bool marks tokens kept regardless of score (e.g. CLS); they count
+    toward k. Ties are broken by position (earlier first), so the result is deterministic.
+    """
+    B, L = scores.shape
+    if mask is None:
+        mask = torch.ones(B, L, dtype=torch.bool, device=scores.device)
+    mask = mask.bool()
+    n_real = mask.sum(dim=1)
+    if (keep_ratio is None) == (k is None):
+        raise ValueError("topk_keep: give exactly one of keep_ratio and k")
+    if keep_ratio is not None:
+        kk = budget(n_real, check_keep_ratio(keep_ratio))
+    else:
+        kk = torch.minimum(torch.as_tensor(k, device=scores.device).expand(B).long(), n_real)
+    kk = torch.where(n_real > 0, kk, torch.zeros_like(kk))
+    s = scores.detach().float().clone()
+    s = torch.nan_to_num(s, nan=-1e30, posinf=1e30, neginf=-1e30)
+    # Protected tokens first, then by score; padding last.
+    big = torch.finfo(torch.float32).max / 4
+    if protect is not None:
+        s = torch.where(protect.bool() & mask, torch.full_like(s, big), s)
+    s = torch.where(mask, s, torch.full_like(s, -big))
+    # Stable sort by descending score: ties keep positional order.
+    order = torch.sort(s, dim=1, descending=True, stable=True).indices
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(L, device=scores.device).expand(B, L))
+    return (rank < kk[:, None]) & mask
+
+
+def threshold_keep(
+    scores: Tensor, threshold: float | Tensor, mask: Tensor | None = None,
+    protect: Tensor | None = None, min_keep: int = 1,
+) -> Tensor:
+    """Keep real tokens with score ≥ threshold; at least ``min_keep`` per non-empty row
+    (the best-scoring ones), so no sequence is emptied. Returns (B, L) bool."""
+    B, L = scores.shape
+    if mask is None:
+        mask = torch.ones(B, L, dtype=torch.bool, device=scores.device)
+    mask = mask.bool()
+    keep = (scores.detach() >= threshold) & mask
+    if protect is not None:
+        keep = keep | (protect.bool() & mask)
+    if min_keep > 0:
+        floor = topk_keep(scores, mask, k=min_keep, protect=protect)
+        keep = keep | floor
+    return keep
+
+
+class Gathered(NamedTuple):
+    """A short batch of the kept tokens, padded to the batch maximum K."""
+
+    hidden: Tensor  # (B, K, d)
+    mask: Tensor  # (B, K) bool, True = kept real token
+    index: Tensor  # (B, K) long, original positions (ascending; padding slots point at 0)
+
+
+def gather_tokens(hidden: Tensor, keep: Tensor, *extra: Tensor) -> tuple[Gathered, ...] | Gathered:
+    """Remove dropped tokens from the tensor: (B, L, d) → (B, K, d), K = max kept per row.
+
+    Kept tokens stay in ascending original order (needed for causal masks). Rows with fewer
+    than K kept tokens are padded (mask False). ``extra`` tensors shaped (B, L, ...) are
+    gathered with the same index and returned after the Gathered tuple.
+    """
+    B, L = keep.shape
+    counts = keep.sum(dim=1)
+    K = int(counts.max().item()) if B > 0 else 0
+    K = max(K, 1)
+    pos = torch.arange(L, device=keep.device).expand(B, L)
+    # Sort key: kept tokens first in original order, dropped after.
+    key = torch.where(keep, pos, pos + L)
+    index = torch.sort(key, dim=1).indices[:, :K]  # (B, K)
+    short_mask = torch.gather(keep, 1, index)
+    index = torch.where(short_mask, index, torch.zeros_like(index))
+    h = torch.gather(hidden, 1, index[..., None].expand(B, K, hidden.shape[-1]))
+    out = Gathered(h, short_mask, index)
+    if not extra:
+        return out
+    gathered = []
+    for t in extra:
+        idx = index.view(B, K, *([1] * (t.dim() - 2))).expand(B, K, *t.shape[2:])
+        gathered.append(torch.gather(t, 1, idx))
+    return (out, *gathered)
+
+
+def scatter_tokens(full: Tensor, short: Tensor, index: Tensor, mask: Tensor) -> Tensor:
+    """Write short (B, K, d) rows back into a copy of full (B, L, d) at ``index`` where ``mask``.
+
+    Dropped positions keep their value in ``full`` (their last computed state).
+    """
+    B, K, d = short.shape
+    out = full.clone()
+    src = torch.where(mask[..., None], short, torch.gather(full, 1, index[..., None].expand(B, K, d)))
+    out.scatter_(1, index[..., None].expand(B, K, d), src)
+    return out
+
+
+def entropy(probs: Tensor, dim: int = -1, eps: float = 1e-12) -> Tensor:
+    """Shannon entropy H = −Σ p log p in nats along ``dim`` (eq. 2 of the entropy paper)."""
+    p = probs.clamp_min(eps)
+    return -(probs * p.log()).sum(dim=dim)
+
+
+def gumbel_sigmoid(logits: Tensor, tau: float, training: bool, generator=None) -> Tensor:
+    """Relaxed Bernoulli gate m̃ = σ((s + g)/τ), g = Gumbel(0,1) noise in training only (eq. 3–4).
+
+    The difference of two Gumbel(0, 1) draws is Logistic(0, 1); the paper adds one Gumbel
+    draw to the logit, which we follow (its mean 0.577 shifts the gate slightly open).
+    """
+    if tau <= 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    if training:
+        u = torch.rand(logits.shape, generator=generator, device=logits.device).clamp(1e-9, 1 - 1e-9)
+        g = -torch.log(-torch.log(u))
+        logits = logits + g.to(logits.dtype)
+    return torch.sigmoid(logits / tau)
