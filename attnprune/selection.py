@@ -158,10 +158,11 @@ def scatter_tokens(full: Tensor, short: Tensor, index: Tensor, mask: Tensor) -> 
 
     Dropped positions keep their value in ``full`` (their last computed state).
     """
-    B, K, d = short.shape
+    B, K = index.shape
     out = full.clone()
-    src = torch.where(mask[..., None], short, torch.gather(full, 1, index[..., None].expand(B, K, d)))
-    out.scatter_(1, index[..., None].expand(B, K, d), src)
+    rows = torch.arange(B, device=index.device)[:, None].expand(B, K)
+    # Only real slots are written: padding slots point at position 0 and must not overwrite it.
+    out[rows[mask], index[mask]] = short[mask].to(out.dtype)
     return out
 
 

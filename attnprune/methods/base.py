@@ -33,12 +33,14 @@ class TokenMethod(nn.Module):
     """Base class of token-pruning methods (kind "token").
 
     Subclasses set ``needs_attention`` when they score from attention probabilities and
-    ``needs_labels`` when a training loss of theirs uses the sequence labels; they implement
+    ``needs_labels`` when a training loss of theirs uses the sequence labels, and
+    ``variable_budget`` when they decide the kept count themselves (thresholds); they implement
     :meth:`forward`. ``protect_first`` keeps position 0 (CLS) whatever its score.
     """
 
     needs_attention: bool = False
     needs_labels: bool = False
+    variable_budget: bool = False  # True: the kept count is not ⌊ρ·n⌋ (thresholds, policies)
 
     def forward(
         self,

@@ -76,6 +76,8 @@ class EntropyTopK(_EntropyHead):
 class EntropyThreshold(_EntropyHead):
     """Keep tokens whose entropy is under ``threshold``·log C (the kept count varies per example)."""
 
+    variable_budget = True
+
     def __init__(self, d_model: int, n_classes: int = 2, head_weight: float = 1.0,
                  threshold: float = 0.9) -> None:
         super().__init__(d_model, n_classes, head_weight)

@@ -1,0 +1,40 @@
+"""measure.py: FLOPs against REFERENCE_VALUES.md, the timing function's contract."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnprune.measure import count_flops, env_info, time_fn
+
+
+def test_sdpa_flops_cpu_gap_filled():
+    q = torch.randn(2, 4, 128, 32)
+    assert count_flops(F.scaled_dot_product_attention, q, q, q) == 16_777_216
+
+
+def test_multihead_attention_fastpath_off():
+    m = torch.nn.MultiheadAttention(128, 4, batch_first=True).eval()
+    x = torch.randn(2, 128, 128)
+    with torch.no_grad():
+        assert count_flops(m, x, x, x) == 50_331_648
+
+
+def test_sdpa_forward_backward():
+    q = torch.randn(2, 4, 128, 32, requires_grad=True)
+    assert count_flops(lambda: F.scaled_dot_product_attention(q, q, q).sum().backward()) == 58_720_256
+
+
+def test_by_module_and_linear():
+    lin = torch.nn.Linear(8, 4)
+    total, per = count_flops(lin, torch.randn(3, 8), by_module=True)
+    assert total == 2 * 3 * 8 * 4 and per["Global"] == total
+
+
+def test_time_fn_contract():
+    calls = []
+    t = time_fn(lambda: calls.append(1), repeats=5, warmup=2)
+    assert len(calls) == 7 and t.repeats == 5 and len(t.times_s) == 5
+    assert t.median_s >= 0 and t.mad_s >= 0 and t.threads == torch.get_num_threads()
+    with pytest.raises(ValueError, match="repeats"):
+        time_fn(lambda: None, repeats=0)
+    assert set(env_info()) == {"torch", "threads", "device", "python"}

@@ -1,0 +1,106 @@
+"""Walk the registry: every token method gets the same checks for free (timm style).
+
+Shapes and keep counts, padding never kept, no NaN on edge cases, determinism in eval,
+gradients from the auxiliary loss, ρ = 1 keeps every real token.
+"""
+
+import pytest
+import torch
+
+import attnprune
+from attnprune import registry
+from attnprune.methods.base import Selection, protect_first
+
+TOKEN_METHODS = registry.list_methods("token")
+CTX = {"d_model": 16, "n_classes": 3, "n_layers": 4, "n_heads": 2}
+
+
+def _inputs(B=3, L=9, H=2, pad_last=True):
+    torch.manual_seed(1)
+    hidden = torch.randn(B, L, CTX["d_model"])
+    mask = torch.ones(B, L, dtype=torch.bool)
+    if pad_last:
+        mask[-1, L // 2:] = False
+    attn = torch.softmax(torch.randn(B, H, L, L), -1)
+    return hidden, mask, attn
+
+
+def _make(name):
+    m = registry.create(name, context=dict(CTX))
+    return m
+
+
+def test_registry_has_the_papers_methods():
+    names = attnprune.list_methods()
+    for n in ("random", "attention_mass", "entropy", "entropy_threshold", "entropy_gumbel"):
+        assert n in names
+
+
+def test_unknown_method_and_option():
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        registry.get("nope")
+    with pytest.raises(ValueError, match="unknown option"):
+        registry.create("random", banana=1)
+
+
+@pytest.mark.parametrize("name", TOKEN_METHODS)
+@pytest.mark.parametrize("rho", [1e-3, 0.5, 1.0])
+def test_keep_counts_and_padding(name, rho):
+    m = _make(name).eval()
+    hidden, mask, attn = _inputs()
+    sel = m(hidden, mask, attn=attn, keep_ratio=rho, protect=protect_first(mask))
+    assert isinstance(sel, Selection)
+    assert sel.keep.shape == mask.shape and sel.keep.dtype == torch.bool
+    assert not (sel.keep & ~mask).any(), "padding kept"
+    assert sel.keep[:, 0].all(), "protected first token dropped"
+    n = sel.keep.sum(1)
+    assert (n >= 1).all()
+    if rho == 1.0 and not getattr(m, "variable_budget", False):
+        assert torch.equal(n, mask.sum(1))
+    if sel.scores is not None:
+        assert torch.isfinite(sel.scores[mask]).all()
+
+
+@pytest.mark.parametrize("name", TOKEN_METHODS)
+def test_edge_cases_no_nan(name):
+    m = _make(name).train()
+    # L = 1; all-padding row; all-equal hidden states (tied scores)
+    for hidden, mask in [
+        (torch.randn(2, 1, 16), torch.ones(2, 1, dtype=torch.bool)),
+        (torch.randn(2, 5, 16), torch.tensor([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0]], dtype=torch.bool)),
+        (torch.ones(2, 6, 16), torch.ones(2, 6, dtype=torch.bool)),
+    ]:
+        L = hidden.shape[1]
+        attn = torch.full((2, 2, L, L), 1.0 / L)
+        sel = m(hidden, mask, attn=attn, keep_ratio=0.5, labels=torch.tensor([0, 2]))
+        assert not (sel.keep & ~mask).any()
+        assert (sel.keep.sum(1) == 0).tolist() == (mask.sum(1) == 0).tolist()
+        if sel.aux_loss is not None:
+            assert torch.isfinite(sel.aux_loss)
+        if sel.soft is not None:
+            assert torch.isfinite(sel.soft).all()
+
+
+@pytest.mark.parametrize("name", TOKEN_METHODS)
+def test_deterministic_in_eval(name):
+    m = _make(name).eval()
+    hidden, mask, attn = _inputs()
+    torch.manual_seed(5)
+    a = m(hidden, mask, attn=attn, keep_ratio=0.5).keep
+    torch.manual_seed(5)
+    b = m(hidden, mask, attn=attn, keep_ratio=0.5).keep
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", TOKEN_METHODS)
+def test_aux_loss_reaches_parameters(name):
+    m = _make(name).train()
+    params = [p for p in m.parameters() if p.requires_grad]
+    if not params:
+        pytest.skip(f"{name} has no trainable parameters")
+    hidden, mask, attn = _inputs()
+    sel = m(hidden, mask, attn=attn, keep_ratio=0.5, labels=torch.tensor([0, 1, 2]))
+    loss = sel.aux_loss if sel.aux_loss is not None else (sel.soft.sum() if sel.soft is not None else None)
+    assert loss is not None, f"{name} has parameters but neither an aux loss nor a soft mask"
+    loss.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
