@@ -9,6 +9,7 @@ Baseline of the entropy paper (§5) and the LTP importance of ``token_pruning_be
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..registry import register
@@ -20,9 +21,10 @@ def attention_received(attn: Tensor, mask: Tensor, variant: str = "mean") -> Ten
     """(B, H, L, L) attention probabilities → (B, L) importance per key token."""
     if variant == "cls":
         return attn[:, :, 0, :].mean(dim=1)
-    q = mask.to(attn.dtype)[:, None, :, None]  # only real queries vote
+    # Only real queries vote; einsum sums without materialising attn·mask (B, H, L, L).
+    received = torch.einsum("bhij,bi->bj", attn, mask.to(attn.dtype))
     n = mask.sum(dim=1).clamp_min(1).to(attn.dtype)
-    return (attn * q).sum(dim=(1, 2)) / (attn.shape[1] * n[:, None])
+    return received / (attn.shape[1] * n[:, None])
 
 
 @register("attention_mass", kind="token", paper="entropy_guided_token_pruning.txt §5")
@@ -36,6 +38,12 @@ class AttentionMass(TokenMethod):
         if variant not in ("mean", "cls"):
             raise ValueError(f"variant must be 'mean' or 'cls', got {variant!r}")
         self.variant = variant
+
+    @property
+    def attention_rows(self) -> str:
+        """Query rows of A the score reads: "first" (CLS row only) or "all"; hosts use it to
+        compute only those rows."""
+        return "first" if self.variant == "cls" else "all"
 
     def forward(self, hidden, mask, attn=None, keep_ratio=0.5, layer=0, labels=None, protect=None):
         if attn is None:

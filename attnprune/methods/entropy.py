@@ -111,7 +111,9 @@ class EntropyGumbel(_EntropyHead):
         n = m.sum(1, keepdim=True).clamp_min(1)
         s = -H
         mu = (s * m).sum(1, keepdim=True) / n
-        sd = (((s - mu) ** 2 * m).sum(1, keepdim=True) / n).sqrt().clamp_min(1e-6)
+        # Clamp the variance before the square root: d√v/dv is infinite at v = 0 (a row whose
+        # real tokens all score alike, or a row of padding), which made the gradient NaN.
+        sd = (((s - mu) ** 2 * m).sum(1, keepdim=True) / n).clamp_min(1e-12).sqrt()
         return self.alpha * (s - mu) / sd + self.beta
 
     def forward(self, hidden, mask, attn=None, keep_ratio=0.5, layer=0, labels=None, protect=None):

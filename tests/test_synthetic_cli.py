@@ -1,0 +1,161 @@
+"""``attnprune reproduce synthetic`` end to end: results contract, resume, bad input, proxies."""
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnprune import cli
+from attnprune.config import load_config
+from attnprune.synthetic import run as synth_run
+from attnprune.synthetic.run import SyntheticConfig, flops_proxy, latency_proxy, plan_runs
+
+REPO = Path(__file__).resolve().parents[1]
+# --quick, made smaller still: real training, a few seconds
+SMALL = ["--quick", "--n-train", "160", "--n-val", "80", "--epochs", "1",
+         "--ablation-noise", "0.15,0.45", "--n-resamples", "200", "--timing-repeats", "2"]
+FIGURES = ["loss_curves.png", "val_accuracy.png", "val_auc.png", "bar_accuracy.png",
+           "bar_kept_tokens.png", "ablation.png", "roc_entropy.png", "reliability.png"]
+
+
+def _run(out: Path, *extra: str) -> int:
+    return cli.main(["reproduce", "synthetic", *SMALL, *extra, "--out", str(out), "--exact-out"])
+
+
+@pytest.fixture(scope="module")
+def quick_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("synth") / "run"
+    assert _run(out) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_results_folder_contract(quick_dir, capsys):
+    for name in ["config.yaml", "summary.json", "metrics.csv", "efficiency.json", "table.txt",
+                 "roc_full.npy", "roc_entropy.npy", *FIGURES]:
+        assert (quick_dir / name).is_file(), name
+    cfg = load_config(SyntheticConfig, quick_dir / "config.yaml")
+    s = json.loads((quick_dir / "summary.json").read_text())
+    assert s["command"] == "reproduce synthetic"
+    assert {"torch", "threads", "device", "python"} <= set(s["env"])
+    assert list(s["methods"]) == list(cfg.methods)
+    for label, m in s["methods"].items():
+        for metric in ("accuracy", "auc", "oracle_overlap", "ece"):
+            assert set(m[metric]) >= {"mean", "ci95", "per_seed"}, (label, metric)
+            assert len(m[metric]["per_seed"]) == len(cfg.seeds)
+        assert 0.0 <= m["accuracy"]["mean"] <= 1.0
+        assert m["accuracy"]["ci95"][0] <= m["accuracy"]["mean"] <= m["accuracy"]["ci95"][1]
+        assert set(m["flops"]) >= {"measured", "relative", "proxy_relative"}
+        assert set(m["time"]) >= {"median_s", "mad_s", "relative"}
+        assert 0 < m["kept_ratio"] <= 1
+    full, ent = s["methods"]["full"], s["methods"]["entropy"]
+    assert full["flops"]["relative"] == 1.0 and full["time"]["relative"] == 1.0
+    assert ent["kept_ratio"] == 0.5 and ent["flops"]["proxy_relative"] == pytest.approx(0.625)
+    assert ent["flops"]["relative"] < 1.0  # pruned tokens really left the tensor
+    assert "gate_calibration" in ent and "signal_auc" in ent
+    # paired comparisons against full from the statistics module
+    assert s["comparisons"], "comparisons missing"
+    for c in s["comparisons"]:
+        assert c["b"] == "full" and c["a"] in s["methods"]
+        assert {"metric", "diff", "ci95", "test", "p", "p_holm", "effect"} <= set(c)
+    assert {c["seed"] for c in s["comparisons_per_seed"]} == set(cfg.seeds)
+    assert {c["b"] for c in s["comparisons_vs_attention_mass"]} == {"attention_mass"}
+    # predictions per (method, seed), metrics.csv one row per run
+    for label in cfg.methods:
+        for seed in cfg.seeds:
+            z = np.load(quick_dir / "predictions" / f"{label}__seed{seed}.npz")
+            assert len(z["y_true"]) == cfg.n_val == len(z["y_pred"]) == len(z["scores"])
+    rows = list(csv.DictReader((quick_dir / "metrics.csv").open()))
+    assert len(rows) == len(plan_runs(cfg))
+    fpr, tpr = np.load(quick_dir / "roc_entropy.npy")
+    assert fpr[0] == 0 and tpr[-1] == 1
+    eff = json.loads((quick_dir / "efficiency.json").read_text())
+    assert eff["methods"]["entropy"]["time"]["repeats"] == cfg.timing_repeats
+    assert 0 < eff["methods"]["entropy"]["gate_share"] < 1
+    ab = s["ablations"]
+    assert [c["keep_ratio"] for c in ab["keep_ratio"] if c["method"] == "entropy"] == [0.3, 0.5]
+    assert "seeds" in ab["note"]
+
+
+@pytest.mark.slow
+def test_history_is_real_training(quick_dir):
+    rec = json.loads(next((quick_dir / "runs").glob("main_entropy_seed42*.json")).read_text())
+    assert len(rec["history"]) == 1 and rec["history"][0]["train_loss"] > 0
+    assert rec["accuracy"] == pytest.approx(rec["history"][-1]["val_accuracy"])
+
+
+@pytest.mark.slow
+def test_resume_skips_finished_runs(quick_dir, monkeypatch, capsys):
+    calls = []
+    real = synth_run.run_one
+
+    def counting(cfg, run):
+        calls.append(run.key)
+        return real(cfg, run)
+
+    monkeypatch.setattr(synth_run, "run_one", counting)
+    assert _run(quick_dir) == 0
+    assert calls == []  # everything was finished
+    assert "resuming" in capsys.readouterr().out
+    marker = quick_dir / "runs" / "main_random_seed43.json"
+    marker.unlink()
+    assert _run(quick_dir) == 0
+    assert calls == ["main/random/seed43"]
+    assert marker.is_file()
+
+
+@pytest.mark.slow
+def test_resume_with_other_config_is_refused(quick_dir, capsys):
+    assert _run(quick_dir, "--keep-ratio", "0.7") == 2
+    assert "different config" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--keep-ratio", "0"], "keep_ratio"),
+    (["--keep-ratio", "1.5"], "keep_ratio"),
+    (["--keep-ratio", "abc"], "keep_ratio"),
+    (["--ablation-keep-ratios", "0.3,1.2"], "ablation_keep_ratios"),
+    (["--methods", "full,nope"], "methods"),
+    (["--length", "0"], "length"),
+    (["--epochs", "twelve"], "epochs"),
+    (["--seeds", "a,b"], "seeds"),
+    (["--config", "/nonexistent/synthetic.yaml"], "config"),
+    (["--bogus", "1"], "bogus"),
+    (["--noise", "2"], "noise"),
+])
+def test_bad_input_stops_before_work(tmp_path, capsys, args, field):
+    out = tmp_path / "never"
+    rc = cli.main(["reproduce", "synthetic", *args, "--out", str(out)])
+    assert rc == 2
+    assert field in capsys.readouterr().err
+    assert not out.exists()  # no folder, no work
+
+
+def test_default_config_file_matches_defaults():
+    assert load_config(SyntheticConfig, REPO / "configs" / "synthetic.yaml") == SyntheticConfig()
+
+
+def test_proxies_exact():
+    full = flops_proxy(64, 64, 1.0)
+    assert full == 2 * (64**2 + 64**2) * 64
+    assert flops_proxy(64, 64, 0.5) / full == 0.625
+    assert 1 - flops_proxy(64, 64, 0.5) / full == 0.375
+    assert latency_proxy(64) == pytest.approx(83.92, abs=1e-12)
+    assert latency_proxy(32) == pytest.approx(22.48, abs=1e-12)
+    assert round(100 * (latency_proxy(32) / latency_proxy(64) - 1), 2) == -73.21
+
+
+def test_plan_reuses_main_runs_for_ablation_cells():
+    cfg = SyntheticConfig()
+    runs = plan_runs(cfg)
+    keys = [r.key for r in runs]
+    assert len(keys) == len(set(keys))
+    main = [r for r in runs if r.group == "main"]
+    assert len(main) == len(cfg.methods) * len(cfg.seeds)
+    # ρ = 0.5 and noise = 0.15 cells are the main entropy runs, not new ones
+    assert not any(r.group == "keep_ratio" and r.keep_ratio == 0.5 for r in runs)
+    assert not any(r.group == "noise" and r.noise == cfg.noise for r in runs)
+    assert not SyntheticConfig(ablations=False).ablations
+    assert len(plan_runs(SyntheticConfig(ablations=False))) == len(main)
