@@ -100,7 +100,14 @@ def test_aux_loss_reaches_parameters(name):
         pytest.skip(f"{name} has no trainable parameters")
     hidden, mask, attn = _inputs()
     sel = m(hidden, mask, attn=attn, keep_ratio=0.5, labels=torch.tensor([0, 1, 2]))
-    loss = sel.aux_loss if sel.aux_loss is not None else (sel.soft.sum() if sel.soft is not None else None)
-    assert loss is not None, f"{name} has parameters but neither an aux loss nor a soft mask"
+    # A method learns through an aux loss, a soft mask, or (REINFORCE policies) the log-probability
+    # of its sampled actions.
+    info = sel.info or {}
+    loss = sel.aux_loss
+    if loss is None and sel.soft is not None:
+        loss = sel.soft.sum()
+    if loss is None and info.get("log_prob") is not None:
+        loss = info["log_prob"].sum()
+    assert loss is not None, f"{name} has parameters but no aux loss, soft mask or log-prob"
     loss.backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in params)

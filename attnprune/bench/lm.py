@@ -1,0 +1,148 @@
+"""``attnprune bench lm``: speed and FLOPs of causal-LM token pruning, full vs pruned, one process.
+
+    attnprune bench lm --run runs/lm-…  [--lengths 64,128] [--batch-size 8] --out bench/
+
+Loads a finished ``attnprune lm`` run (its ``config.yaml`` and ``model.safetensors``), and for
+each sequence length times the forward pass with pruning on and off on the same batches of
+validation text (:func:`attnprune.measure.time_fn`: warm-up discarded, median and MAD), counts
+FLOPs of both (:func:`attnprune.measure.count_flops`), and measures generation throughput
+(tokens/s, ``gen_tokens`` new tokens, temperature 0.8, KV cache on). Prints the table and
+writes ``summary.json`` / ``bench.csv``. Ratios are measured in one process; wall times on a
+shared machine are noisy, FLOPs are not.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from .. import api
+from ..config import parse_command_line
+from ..data.lm_text import eval_windows, load_lm_text
+from ..lm import (
+    LMConfig,
+    _layer_flops,
+    _set_enabled,
+    build_model,
+    evaluate,
+    generate,
+    load_weights,
+    paired_timing,
+)
+from ..measure import count_flops, env_info
+from ..results import ResultsDir, make_run_dir
+
+__all__ = ["BenchLMConfig", "bench_lm", "main"]
+
+
+@dataclass(frozen=True)
+class BenchLMConfig:
+    """Settings of ``attnprune bench lm``."""
+
+    run: str = ""  # results folder of ``attnprune lm`` (config.yaml + model.safetensors)
+    lengths: tuple[int, ...] = ()  # default: the run's context
+    batch_size: int = 8
+    repeats: int = 10
+    warmup: int = 2
+    gen_tokens: int = 500
+    temperature: float = 0.8
+    threads: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.run:
+            raise ValueError("run: give the results folder of an `attnprune lm` run (--run DIR)")
+        p = Path(self.run)
+        for f in ("config.yaml", "model.safetensors"):
+            if not (p / f).is_file():
+                raise ValueError(f"run: {p / f} not found (is it a finished `attnprune lm` run?)")
+        for name in ("batch_size", "repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.warmup < 0 or self.gen_tokens < 0 or self.threads < 0:
+            raise ValueError("warmup, gen_tokens and threads must be ≥ 0")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be ≥ 0, got {self.temperature}")
+
+
+def load_run(run: str | Path):
+    """(model, data, LMConfig) of a finished ``attnprune lm`` run, patched with its method."""
+    raw = yaml.safe_load((Path(run) / "config.yaml").read_text())
+    raw["init"] = ""  # the run's own weights are loaded below
+    raw["lengths"] = tuple(raw.get("lengths") or ())
+    cfg = LMConfig(**raw)
+    data = load_lm_text(cfg.data, cfg.tokenizer)
+    model = build_model(cfg, data.vocab_size)
+    if cfg.method != "none":
+        api.patch(model, cfg.method, **cfg.options)
+    load_weights(model, Path(run) / "model.safetensors")
+    model.eval()
+    return model, data, cfg
+
+
+def bench_lm(cfg: BenchLMConfig, out: Path, exact: bool = False) -> Path:
+    """Run the benchmark; returns the results folder."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model, data, lm_cfg = load_run(cfg.run)
+    rd = ResultsDir(make_run_dir(out, "bench lm", exact))
+    rd.write_text("config.yaml", yaml.safe_dump({**cfg.__dict__, "lengths": list(cfg.lengths)}))
+    rows = []
+    for T in cfg.lengths or (lm_cfg.context,):
+        x, y = eval_windows(data.val, cfg.batch_size, T)
+        ev = evaluate(model, x, y)  # kept ratio per layer on these very batches
+        fwd = functools.partial(model, x)
+        with torch.no_grad():
+            _set_enabled(model, False)
+            f_full, per = count_flops(fwd, by_module=True)
+            _set_enabled(model, True)
+            f_pr = count_flops(fwd)
+            t_full, t_pr = paired_timing(model, fwd, cfg.repeats, rounds=3, warmup=cfg.warmup)
+        per_layer = _layer_flops(per, model.config.n_layer)
+        kept = ev["kept_per_layer"] or [1.0] * len(per_layer)
+        eff = f_full - sum(per_layer) + sum(f * k for f, k in zip(per_layer, kept))
+        rows.append({"length": T, "batch": cfg.batch_size, "kept_per_layer": kept,
+                     "flops_full": f_full, "flops_pruned": f_pr, "flops_relative": f_pr / f_full,
+                     "flops_effective_relative": eff / f_full,
+                     "time_full_s": t_full.median_s, "time_full_mad_s": t_full.mad_s,
+                     "time_pruned_s": t_pr.median_s, "time_pruned_mad_s": t_pr.mad_s,
+                     "time_relative": t_pr.median_s / t_full.median_s})
+    gen = {}
+    if cfg.gen_tokens:
+        prompt = data.val[:16][None]
+        for label, on in (("full", False), ("pruned", True)):
+            _set_enabled(model, on)
+            t0 = time.perf_counter()
+            generate(model, prompt, cfg.gen_tokens, cfg.temperature, True,
+                     torch.Generator().manual_seed(cfg.seed))
+            gen[label] = cfg.gen_tokens / (time.perf_counter() - t0)
+        _set_enabled(model, True)
+        gen["relative"] = gen["pruned"] / gen["full"]
+    label = lm_cfg.method if lm_cfg.method != "none" else "full"
+    rd.write_csv("bench.csv", rows)
+    rd.write_json("summary.json", {"command": "bench lm", "env": env_info(), "run": str(cfg.run),
+                                   "methods": {label: {"rows": rows, "generation_tokens_per_s": gen}}})
+    print(f"{'T':>5} {'FLOPs rel':>10} {'eff rel':>8} {'time full ms':>13} {'time pruned ms':>15} {'time rel':>9}")
+    for r in rows:
+        print(f"{r['length']:>5} {r['flops_relative']:>10.3f} {r['flops_effective_relative']:>8.3f} "
+              f"{1e3 * r['time_full_s']:>13.2f} {1e3 * r['time_pruned_s']:>15.2f} {r['time_relative']:>9.3f}")
+    if gen:
+        print(f"generation ({cfg.gen_tokens} tokens, T={cfg.temperature}, KV cache): full "
+              f"{gen['full']:.1f} tok/s, pruned {gen['pruned']:.1f} tok/s (×{gen['relative']:.2f})")
+    print(f"results: {rd.path}")
+    return rd.path
+
+
+def main(argv: list[str]) -> int:
+    """``attnprune bench lm --run DIR [--key value …] --out DIR``."""
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    cl = parse_command_line(argv, BenchLMConfig, default_out="results")
+    bench_lm(cl.config, cl.out, cl.exact_out)
+    return 0

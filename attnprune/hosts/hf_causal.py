@@ -1,0 +1,341 @@
+"""Causal token pruning for the Hugging Face GPT-2 family that really skips work.
+
+``attnprune.patch(gpt2_lm, "ltp" | "ltp_causal" | "dtr" | "hybrid", **options)`` swaps the
+class of the model's ``GPT2Model`` for a subclass that overrides only ``forward`` (the block
+loop); blocks, attention, ``ln_f`` and the LM head are the stock HF modules.
+
+Notation: B batch, L input length, K tokens still alive (≤ L), d width, l block index
+(0-based), a_j ∈ [0, 1] the soft "alive" weight of token j in training, ρ keep ratio.
+
+Convention: a method "at layer l" decides which tokens *enter* block l (l ≥ 1); the kept ratio
+of layer l is the share of real tokens that block l processes. Effective FLOPs of the paper
+(``token_pruning_bert_to_gpt2.txt``, "effective FLOPs") are Σ_l FLOPs_l · kept_ratio_l.
+
+What happens to a token dropped before block l (``HF_NOTES.md`` "Causal models"):
+    * it leaves the tensor (ascending gather keeps a plain causal mask right on the short
+      sequence), so blocks l, l+1, … never compute it and later tokens no longer attend to it;
+    * its last state is scattered back to its position, goes through ``ln_f`` and the LM head,
+      so it still predicts the next token;
+    * with a KV cache, it is not appended to the caches of blocks ≥ l, so caches of different
+      blocks have different lengths; one mask per block is built with
+      ``create_causal_mask(..., past_key_values=cache, layer_idx=l)``, with a per-block 2D key
+      mask kept on the cache (``cache._attnprune_keys``) only when short rows were padded.
+      ``position_ids`` are never passed to the mask (gathered ids would look packed).
+
+Causality: the decision for token t at layer l may use only tokens ≤ t, and must not depend
+on the sequence length, so a cached decode step decides exactly as a full recompute. Methods
+declare it with ``causal = True``; non-causal token methods (top-k over the row, attention
+received from future queries) are refused with the reason.
+
+Training: hard decisions (DTR's Bernoulli actions) gather as at inference. Relaxed masks
+(LTP's m̃) keep the full length: a token's update by block l is scaled by its cumulative
+alive weight a_j, h ← h + a_j·(block(h) − h), and keys are down-weighted by adding log a_j to
+the attention scores (a float mask), the relaxation of "skips the remaining layers and is no
+longer attended to". REINFORCE rewards need the per-sequence LM loss, so a forward hook on the
+LM-head model turns the actions' log-probabilities into the policy loss when ``labels`` are
+given (it lands in ``attnprune.aux_loss(model)``).
+
+Written by hand: no library prunes tokens inside HF causal models.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import DynamicCache, GPT2Model
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
+
+from .. import registry
+from ..selection import check_keep_ratio, gather_tokens, scatter_tokens
+from . import PatchState, register_host
+
+__all__ = ["CausalPatchState", "PrunedGPT2Model", "causal_methods"]
+
+_ALIASES = {"ltp": "ltp_causal"}  # the encoder LTP owns the name "ltp"; here it means ltp_causal
+_KEYS_ATTR = "_attnprune_keys"  # per-block 2D key-validity masks stored on a KV cache
+
+
+def causal_methods() -> list[str]:
+    """Registered token methods whose decisions are causal (usable with this host)."""
+    return [n for n in registry.list_methods("token") if getattr(registry.get(n).cls, "causal", False)]
+
+
+def _gpt2(model: nn.Module) -> GPT2Model | None:
+    if isinstance(model, GPT2Model):
+        return model
+    inner = getattr(model, "transformer", None)
+    return inner if isinstance(inner, GPT2Model) else None
+
+
+class PrunedGPT2Model(GPT2Model):
+    """GPT2Model whose block loop drops tokens between blocks (only ``forward`` overridden)."""
+
+    def forward(self, input_ids=None, past_key_values=None, attention_mask=None,
+                token_type_ids=None, position_ids=None, inputs_embeds=None, use_cache=None,
+                **kwargs):
+        """Same inputs and outputs as ``GPT2Model.forward`` (no cross-attention)."""
+        state: CausalPatchState = self._attnprune_state
+        if kwargs.get("encoder_hidden_states") is not None:
+            raise ValueError("encoder_hidden_states: the causal pruning host has no cross-attention")
+        if input_ids is not None and inputs_embeds is not None:
+            raise ValueError("give input_ids or inputs_embeds, not both")
+        if inputs_embeds is None:
+            if input_ids is None:
+                raise ValueError("input_ids: give input_ids or inputs_embeds")
+            inputs_embeds = self.wte(input_ids)
+        B, L, _ = inputs_embeds.shape
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:  # block 0 never prunes, so its cache length is the position
+            position_ids = torch.arange(past, past + L, device=inputs_embeds.device)[None]
+        h = inputs_embeds + self.wpe(position_ids)
+        if token_type_ids is not None:
+            h = h + self.wte(token_type_ids.view(B, -1))
+        h = self.drop(h)  # (B, L, d)
+
+        # 2D mask of real tokens in this chunk; past keys' validity lives on the cache.
+        if attention_mask is not None and attention_mask.ndim != 2:
+            raise ValueError("attention_mask: the causal pruning host takes a 2D (B, L) mask")
+        real = torch.ones(B, L, dtype=torch.bool, device=h.device)
+        if attention_mask is not None:
+            real = attention_mask[:, -L:].bool()
+        key_masks = self._key_masks(past_key_values, attention_mask, B, past)
+
+        method = state.method_module
+        layers = set(state.layers) if state.enabled else set()
+        full = h  # (B, L, d): dropped tokens' last states are written here
+        index = torch.arange(L, device=h.device).expand(B, L)  # compact → original position
+        cmask = real  # (B, K) bool: alive real tokens
+        alive = None  # (B, K) soft alive weights a_j (training with relaxed masks), or None
+        kept_counts: list[float] = []
+        n_real = real.sum().clamp_min(1)
+        state.aux_losses.clear()
+        state.actions.clear()
+        for l, block in enumerate(self.h):
+            if l in layers and bool(cmask.any()):
+                # Training-time protection of the chunk's last N positions (LTP) is by original
+                # position: "last N alive tokens" would move when a later token is dropped.
+                n_prot = getattr(method, "protect_last", 0) if self.training else 0
+                protect = (index >= L - n_prot) & cmask if n_prot else None
+                sel = method(h, cmask, layer=l, keep_ratio=state.keep_ratio, protect=protect)
+                if sel.aux_loss is not None:
+                    state.aux_losses.append(sel.aux_loss)
+                if sel.info is not None and "log_prob" in sel.info:
+                    state.actions.append(sel.info)
+                if self.training and sel.soft is not None:
+                    soft = sel.soft * cmask.to(sel.soft.dtype)
+                    alive = soft if alive is None else alive * soft
+                keep = sel.keep & cmask
+                if bool((keep != cmask).any()):  # some tokens leave: gather the survivors
+                    full = scatter_tokens(full, h, index, cmask)
+                    if alive is None:
+                        g = gather_tokens(h, keep)
+                    else:
+                        g, alive = gather_tokens(h, keep, alive)
+                    h, cmask = g.hidden, g.mask
+                    index = torch.gather(index, 1, g.index)
+                    key_masks = self._gathered_keys(key_masks, g, l)
+            # Kept = processed by this block (in relaxed training: alive weight > 0.5).
+            counted = cmask if alive is None else cmask & (alive > 0.5)
+            kept_counts.append(float(counted.sum()) / float(n_real))
+            if not bool(cmask.any()):  # nothing left to compute (nor to cache) in later blocks
+                kept_counts += [0.0] * (len(self.h) - l - 1)
+                break
+            mask = self._block_mask(h, cmask, key_masks, past_key_values, l, alive)
+            out = block(h, past_key_values, mask, use_cache=use_cache, **_block_kwargs(kwargs))
+            if alive is not None:  # relaxed skip: a_j = 0 means the token keeps its state
+                out = h + alive[..., None] * (out - h)
+            h = out
+            if key_masks is not None:
+                key_masks[l] = torch.cat([key_masks[l], cmask], dim=1)
+        full = scatter_tokens(full, h, index, cmask)
+        if past_key_values is not None and key_masks is not None:
+            setattr(past_key_values, _KEYS_ATTR, key_masks)
+        state.stats = {"kept_per_layer": kept_counts, "n_tokens": int(n_real)}
+        hidden = self.ln_f(full)
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden, past_key_values=past_key_values if use_cache else None)
+
+    # -- masks ----------------------------------------------------------------------------
+    def _key_masks(self, cache, attention_mask, B, past) -> list[Tensor] | None:
+        """Per-block 2D key validity (B, past_l) carried on the cache, or None if all valid."""
+        stored = getattr(cache, _KEYS_ATTR, None) if cache is not None else None
+        padded = attention_mask is not None and not bool(attention_mask.bool().all())
+        if stored is None and not padded:
+            return None
+        if stored is not None:
+            return list(stored)
+        dev = attention_mask.device
+        masks = []
+        for l in range(len(self.h)):
+            n = cache.get_seq_length(l) if cache is not None and past else 0
+            # Before pruning every block saw the same past: the user's mask covers it.
+            masks.append(attention_mask[:, :n].bool() if n else torch.ones(B, 0, dtype=torch.bool, device=dev))
+        return masks
+
+    def _gathered_keys(self, key_masks, g, l):
+        """After a gather, short rows are padded at the end: from now on pad slots must never
+        be keys, so per-block key masks start (empty = the cached keys, all valid)."""
+        if key_masks is not None or bool(g.mask.all()):
+            return key_masks
+        B = g.mask.shape[0]
+        return [torch.ones(B, 0, dtype=torch.bool, device=g.mask.device) for _ in self.h]
+
+    def _block_mask(self, h, cmask, key_masks, cache, l, alive):
+        """The attention mask of block l in the format of the model's attention function."""
+        if alive is not None:
+            return _soft_mask(h, cmask, alive)
+        if key_masks is None:
+            return create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=None,
+                                      past_key_values=cache, position_ids=None, layer_idx=l)
+        past_keys = key_masks[l]
+        if cache is not None and past_keys.shape[1] != cache.get_seq_length(l):
+            n = cache.get_seq_length(l)  # keys cached before any padding appeared are valid
+            past_keys = torch.cat([torch.ones(h.shape[0], n - past_keys.shape[1], dtype=torch.bool,
+                                              device=h.device), past_keys], dim=1)
+            key_masks[l] = past_keys
+        mask2d = torch.cat([past_keys, cmask], dim=1)
+        return create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=mask2d,
+                                  past_key_values=cache, position_ids=None, layer_idx=l)
+
+
+def _block_kwargs(kwargs: dict) -> dict:
+    # Only kwargs the blocks understand pass through (no position ids: GPT-2 adds wpe once).
+    return {k: v for k, v in kwargs.items() if k in ("output_attentions",)}
+
+
+def _soft_mask(h: Tensor, cmask: Tensor, alive: Tensor) -> Tensor:
+    """Float additive mask (B, 1, K, K): causal, padding keys off, key j weighted by a_j.
+
+    Adding log a_j to a score multiplies that key's unnormalised attention weight by a_j, so a
+    soft-dropped token fades out of the softmax smoothly.
+    """
+    K = h.shape[1]
+    causal = torch.ones(K, K, dtype=torch.bool, device=h.device).tril()
+    allowed = causal[None, None] & cmask[:, None, None, :]  # (B, 1, K, K)
+    # The clamp keeps the value finite (−13.8 ≈ removed) and stops the 1/a gradient at a = 0
+    # (a straight-through hard 0); kept tokens (a = 1) get the plain d log a = 1/a gradient.
+    bias = torch.log(alive.clamp_min(1e-6)).to(h.dtype)[:, None, None, :]
+    neg = torch.finfo(h.dtype).min
+    mask = torch.where(allowed, bias, torch.full_like(bias, neg))
+    # A padding query with no allowed key would give NaN; let it see itself.
+    eye = torch.eye(K, dtype=torch.bool, device=h.device)[None, None]
+    return torch.where(eye & ~cmask[:, None, :, None], torch.zeros_like(mask), mask)
+
+
+class CausalPatchState(PatchState):
+    """Patch of a GPT-2 model: the method, its decision layers, per-forward statistics.
+
+    ``stats["kept_per_layer"]`` is the share of real tokens each block processed in the last
+    forward; ``actions`` holds the policy's per-sequence log-probabilities of the last forward
+    (DTR), turned into the REINFORCE loss by the LM-head hook when labels are given.
+    """
+
+    def __init__(self, method: str, module: nn.Module, layers, keep_ratio, enabled: bool):
+        super().__init__(method, module)
+        self.method_module = module
+        self.layers = tuple(layers)
+        self.keep_ratio = keep_ratio
+        self.enabled = enabled
+        self.actions: list[dict] = []
+        self._hook = None
+        self._gpt2: GPT2Model | None = None
+        self._old_cls = None
+
+    def unpatch(self, model: nn.Module) -> None:
+        """Restore the stock class and remove the method module and the hook."""
+        g = self._gpt2
+        if g is not None:
+            g.__class__ = self._old_cls
+            if "attnprune_method" in g._modules:
+                del g._modules["attnprune_method"]
+            if "_attnprune_state" in g.__dict__:
+                del g.__dict__["_attnprune_state"]
+        if self._hook is not None:
+            self._hook.remove()
+
+    def policy_loss(self, logits: Tensor, labels: Tensor) -> Tensor | None:
+        """REINFORCE loss of the last forward's actions (DTR eq.: L_policy), or None."""
+        if not self.actions:
+            return None
+        # Per-sequence LM loss (shifted, ignore -100), the reward's first term.
+        lg = logits[:, :-1].float()
+        y = labels[:, 1:]
+        ce = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), y.reshape(-1), reduction="none",
+                             ignore_index=-100).view(y.shape)
+        valid = (y != -100).to(ce.dtype)
+        lm_seq = (ce * valid).sum(1) / valid.sum(1).clamp_min(1)  # (B,)
+        return self.method_module.reinforce_loss(self.actions, lm_seq.detach())
+
+
+def _policy_hook(state: CausalPatchState):
+    def hook(module, args, kwargs, output):
+        labels = kwargs.get("labels")
+        if module.training and labels is not None and state.actions:
+            loss = state.policy_loss(output.logits, labels)
+            if loss is not None:
+                state.aux_losses.append(loss)
+
+    return hook
+
+
+def _is_gpt2(model: nn.Module) -> bool:
+    return _gpt2(model) is not None
+
+
+@register_host("hf_causal", kinds=("token",), matches=_is_gpt2)
+def patch(model: nn.Module, spec, keep_ratio: float | None = None, layers=None,
+          enabled: bool = True, **options) -> CausalPatchState:
+    """Patch a GPT-2 family model with a causal token method.
+
+    ``method="ltp"`` means ``ltp_causal`` here (the name "ltp" belongs to the encoder LTP).
+    ``keep_ratio``: the method's budget (LTP's target kept share); ``1.0`` turns pruning off
+    (stock outputs). ``layers``: decision layers (each ≥ 1), default the method's own.
+    ``enabled=False`` keeps the method's weights on the model but prunes nothing.
+    Other ``options`` go to the method.
+    """
+    name = _ALIASES.get(spec.name, spec.name)
+    spec = registry.get(name)
+    if not getattr(spec.cls, "causal", False):
+        raise ValueError(
+            f"method: {spec.name!r} is not causal (its decision for token t uses later tokens or "
+            f"the whole row); GPT-2 models take: {', '.join(causal_methods())}")
+    g = _gpt2(model)
+    n_layers = g.config.n_layer
+    if keep_ratio is not None:
+        keep_ratio = check_keep_ratio(keep_ratio)
+    if layers is not None:
+        options["layers"] = layers
+    context = {"d_model": g.config.n_embd, "n_layers": n_layers, "n_heads": g.config.n_head}
+    module = registry.create(name, context=context, **options)
+    bad = [l for l in module.layers if not 1 <= l < n_layers]
+    if bad:
+        raise ValueError(f"layers: decision layers must be in 1..{n_layers - 1}, got {bad}")
+    module.to(next(g.parameters()).device)
+    module.train(g.training)  # follow the model's mode (model.eval() came before the patch)
+    on = bool(enabled) and keep_ratio != 1.0
+    state = CausalPatchState(name, module, module.layers, keep_ratio, on)
+    state._gpt2, state._old_cls = g, type(g)
+    g.add_module("attnprune_method", module)
+    g.__dict__["_attnprune_state"] = state  # plain attribute: not a submodule, not saved
+    g.__class__ = _pruned_class(type(g))
+    if g is not model:
+        state._hook = model.register_forward_hook(_policy_hook(state), with_kwargs=True)
+    return state
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _pruned_class(cls: type) -> type:
+    """A subclass of ``cls`` (GPT2Model or a user subclass) with the pruning forward."""
+    if issubclass(cls, PrunedGPT2Model):
+        return cls
+    if cls is GPT2Model:
+        return PrunedGPT2Model
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(f"Pruned{cls.__name__}", (PrunedGPT2Model, cls), {})
+    return _CLASSES[cls]

@@ -1,0 +1,149 @@
+"""``attnprune lm`` on tiny configs: config errors, data, schedule, a run, resume after a kill."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from attnprune.config import ConfigError, load_config
+from attnprune.data import lm_text
+from attnprune.lm import LMConfig, lr_at, main, run_lm
+
+TINY = ["--n-layer", "3", "--n-embd", "32", "--n-head", "2", "--context", "32", "--batch-size",
+        "4", "--eval-windows", "8", "--gen-tokens", "10", "--bench-repeats", "1", "--warmup", "1"]
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    text = ("To be, or not to be, that is the question:\nWhether 'tis nobler in the mind "
+            "to suffer\nThe slings and arrows of outrageous fortune,\n") * 40
+    p = tmp_path / "tiny.txt"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("override,field", [({"n_layer": 0}, "n_layer"), ({"lr": -1}, "lr"),
+                                            ({"method": "nope"}, "method"),
+                                            ({"lengths": [1000]}, "lengths"),
+                                            ({"method_options": "[1, 2]"}, "method_options"),
+                                            ({"bogus": 1}, "bogus"), ({"preset": "huge"}, "preset"),
+                                            ({"init": "/nonexistent.safetensors"}, "init")])
+def test_bad_config_names_the_field(override, field):
+    with pytest.raises(ConfigError, match=field):
+        load_config(LMConfig, None, override)
+
+
+def test_unknown_corpus_and_missing_file():
+    with pytest.raises(ValueError, match="data"):
+        lm_text.load_lm_text("nope")
+    with pytest.raises(ValueError, match="data"):
+        lm_text.load_lm_text("text:/nonexistent/file.txt")
+
+
+def test_char_corpus_split_and_roundtrip(corpus):
+    d = lm_text.load_lm_text(f"text:{corpus}")
+    n = len(corpus.read_text())
+    assert len(d.train) == int(0.9 * n) and len(d.train) + len(d.val) == n
+    assert d.decode(d.encode("To be")) == "To be"
+    x, y = lm_text.eval_windows(d.val, 4, 16)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    with pytest.raises(ValueError, match="prompt"):
+        d.encode("Z€")
+
+
+def test_bpe_tokenizer_on_a_file(corpus):
+    d = lm_text.load_lm_text(f"text:{corpus}", tokenizer="bpe", bpe_vocab=300)
+    assert d.vocab_size <= 300 and len(d.train) > 0
+    assert d.decode(d.encode("To be, or not")) == "To be, or not"
+
+
+def test_shakespeare_char_is_the_shared_file():
+    path = lm_text.shared_data_dir() / "shakespeare.txt"
+    if not path.is_file():
+        pytest.skip("shared data not present")
+    d = lm_text.load_lm_text("shakespeare_char")
+    assert d.vocab_size < 120
+    assert abs(len(d.train) / (len(d.train) + len(d.val)) - 0.9) < 1e-6
+
+
+def test_schedule_warmup_then_cosine():
+    assert lr_at(0, 100, 1.0, 0.1, 10) == pytest.approx(0.1)
+    assert lr_at(9, 100, 1.0, 0.1, 10) == pytest.approx(1.0)
+    assert lr_at(10, 100, 1.0, 0.1, 10) == pytest.approx(1.0)
+    assert lr_at(100, 100, 1.0, 0.1, 10) == pytest.approx(0.1)
+    assert lr_at(55, 100, 1.0, 0.1, 10) == pytest.approx(0.55)
+
+
+@pytest.mark.slow
+def test_dtr_run_writes_results_and_resumes_after_a_kill(corpus, tmp_path, monkeypatch):
+    from attnprune import lm
+
+    out = tmp_path / "run"
+    argv = [*TINY, "--data", f"text:{corpus}", "--method", "dtr", "--steps", "4",
+            "--stage2-steps", "2", "--eval-every", "2", "--lengths", "16,32", "--eval-windows", "4",
+            "--method-options", "{sparsity_weight: 0.5}", "--out", str(out), "--exact-out"]
+    real_batch, calls = lm.batch, {"n": 0}
+
+    def dying_batch(*a, **k):  # killed during the third step of stage 1 (after a checkpoint)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real_batch(*a, **k)
+
+    monkeypatch.setattr(lm, "batch", dying_batch)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    meta = json.loads((out / "checkpoint" / "meta.json").read_text())
+    assert meta["step"] == 2 and meta["stage"] == 0
+    assert not list(out.rglob("*.pt")) and not list(out.rglob("*.bin"))
+    monkeypatch.setattr(lm, "batch", real_batch)
+    assert main(argv) == 0
+    hist = json.loads((out / "history.json").read_text())
+    assert [h["step"] for h in hist] == [2, 4, 6]  # resumed at 2, no step repeated
+    s = json.loads((out / "summary.json").read_text())
+    e = s["methods"]["dtr"]
+    assert len(e["kept_per_layer"]) == 3 and e["kept_per_layer"][0] == 1.0
+    assert e["flops"]["measured"] > 0 and e["flops"]["relative"] > 0
+    assert 0 < e["flops"]["proxy_relative"] <= 1.0
+    assert e["time"]["median_s"] > 0 and e["tokens_per_s"] > 0
+    assert e["generation"]["cache_consistent"] is True
+    assert [r["length"] for r in s["length_sweep"]] == [16, 32]
+    for f in ("training_curves.png", "flops_vs_length.png", "perplexity_vs_length.png",
+              "effective_flops_vs_layers.png", "model.safetensors", "config.yaml", "metrics.csv"):
+        assert (out / f).is_file(), f
+    # A finished run is skipped when rerun with the same folder.
+    assert main(argv) == 0
+
+
+@pytest.mark.slow
+def test_finetune_from_saved_baseline_compares_to_it(corpus, tmp_path):
+    base = run_lm(load_config(LMConfig, None, {**_kv(TINY), "data": f"text:{corpus}", "steps": 2,
+                                                "eval_every": 2, "gen_tokens": 0}),
+                  tmp_path / "base", exact=True)
+    cfg = load_config(LMConfig, None, {**_kv(TINY), "data": f"text:{corpus}", "steps": 2,
+                                       "eval_every": 2, "gen_tokens": 0, "method": "ltp",
+                                       "init": str(base / "model.safetensors")})
+    run = run_lm(cfg, tmp_path / "ltp", exact=True)
+    s = json.loads((run / "summary.json").read_text())
+    assert "baseline" in s["methods"] and s["comparisons"][0]["b"] == "baseline"
+    assert s["methods"]["ltp"]["perplexity_relative"] > 0
+
+
+def _kv(argv):
+    return {argv[i][2:].replace("-", "_"): argv[i + 1] for i in range(0, len(argv), 2)}
+
+
+def test_paper_preset_from_the_command_line_and_a_config_file(tmp_path, monkeypatch):
+    from attnprune import lm
+
+    seen = {}
+    monkeypatch.setattr(lm, "run_lm", lambda cfg, out, exact: seen.setdefault("cfg", cfg))
+    lm.main(["--preset", "paper", "--steps", "3", "--out", str(tmp_path)])
+    c = seen.pop("cfg")
+    assert (c.n_layer, c.n_head, c.n_embd, c.context, c.dropout) == (6, 6, 384, 256, 0.2)
+    f = tmp_path / "c.yaml"
+    f.write_text("preset: paper\nsteps: 3\n")
+    lm.main(["--config", str(f), "--out", str(tmp_path)])
+    assert seen["cfg"].n_embd == 384 and seen["cfg"].steps == 3
