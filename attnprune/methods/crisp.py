@@ -1,0 +1,192 @@
+"""Crisp attention: top-k sparsity of the pre-softmax scores (``crisp_attention.txt``).
+
+Notation (the paper's): S = QKᵀ/√d_k the scores of one head (Tq × Tk), s the sparsity, n the
+number of keys a query may see (padding and the causal triangle removed), k = ⌈(1 − s)·n⌉.
+
+    S̃_ij = S_ij        if S_ij is among the k largest of row i      ("Method Summary":
+    S̃_ij = −∞          otherwise                                      scores below the s-th
+    A = softmax(S̃) V                                                  percentile are set to −∞)
+
+Per head and per query the threshold is the k-th largest allowed score of that row; ties at the
+threshold are all kept, so a row may keep slightly more than k. k ≥ 1, so no row is empty, and
+s = 0 gives k = n: the stock softmax exactly.
+
+Gradients pass straight through the kept entries: the threshold is computed without gradient
+(it is a selection, not a function we differentiate), masked entries get −∞ and so a zero
+gradient, and kept entries receive the ordinary softmax gradient. The choice of which entries
+survive is therefore not learned directly, only reshaped by how the kept scores move.
+
+Sparsity schedule (one parser, :func:`parse_sparsity`): a number (uniform), a list with one
+value per layer, or ``schedule="adaptive"``. The paper leaves the adaptive rule underspecified
+("thresholds recalculated per batch, layers self-determine pruning"); the rule used here:
+
+    w_l = 1 − Ĥ_l,   Ĥ_l = mean normalised entropy H/log n of layer l's dense attention rows
+    s_l = clip(s · w_l / mean_l w, 0, s_max)
+
+Ĥ_l is an exponential moving average (``momentum``) over training batches, updated in training
+mode only (evaluation uses the frozen values, so predictions do not depend on batch order); it
+starts at 0.5 for every layer, i.e. uniform. Layers whose attention is already peaked are pruned
+more, flat ones less, and the mean sparsity over layers stays s (before clipping). The buffer
+``entropy_ema`` (one value per layer) and ``layer_sparsity()`` let the caller see the state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..registry import register
+
+S_MAX = 0.99  # never mask a whole row's worth of keys; k ≥ 1 is also enforced per row
+
+
+def parse_sparsity(sparsity: float | Sequence[float], n_layers: int) -> list[float]:
+    """One sparsity per layer from a number (uniform) or a list (one per layer).
+
+    Raises ValueError naming ``sparsity`` for values outside [0, 1) or a list of the wrong
+    length."""
+    if isinstance(sparsity, (int, float)):
+        values = [float(sparsity)] * n_layers
+    else:
+        values = [float(v) for v in sparsity]
+        if len(values) != n_layers:
+            raise ValueError(
+                f"sparsity: a list needs one value per layer ({n_layers}), got {len(values)}"
+            )
+    for v in values:
+        if not 0.0 <= v < 1.0:
+            raise ValueError(f"sparsity: every value must be in [0, 1), got {v}")
+    return values
+
+
+def allowed_keys(
+    mask: Tensor | None, is_causal: bool, tq: int, tk: int, device: torch.device
+) -> Tensor | None:
+    """Boolean (B|1, 1|H, Tq, Tk) mask, True = the query may attend to the key, or None (all).
+
+    Accepts HF's boolean masks (``sdpa_mask``) and additive float masks (``eager_mask``). When
+    the mask is None and the module is causal, rebuilds the triangle (HF passes None for plain
+    causal prefill and for decode steps); queries are the last Tq positions of the Tk keys."""
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            # additive mask: 0 where allowed, finfo.min (or −inf) where not
+            mask = mask > torch.finfo(mask.dtype).min / 2
+        return mask[..., -tk:]
+    if is_causal and tq > 1:
+        q_pos = torch.arange(tk - tq, tk, device=device)[:, None]
+        k_pos = torch.arange(tk, device=device)[None, :]
+        return (k_pos <= q_pos)[None, None]
+    return None
+
+
+def masked_scores(query: Tensor, key: Tensor, scaling: float, allowed: Tensor | None) -> Tensor:
+    """S = QKᵀ·scaling with disallowed entries at −∞; (B, H, Tq, Tk)."""
+    # in place on the fresh matmul output: neither op's backward needs the overwritten values
+    scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)
+    if allowed is not None:
+        scores.masked_fill_(~allowed, float("-inf"))
+    return scores
+
+
+def softmax_rows(scores: Tensor) -> Tensor:
+    """softmax over the last axis; rows with no allowed key (all −∞) give zeros, not NaN."""
+    probs = torch.softmax(scores, dim=-1)
+    return torch.nan_to_num(probs, nan=0.0)
+
+
+def topk_row_mask(scores: Tensor, sparsity: float) -> Tensor:
+    """Boolean mask of the entries kept by crisp: per row the k = ⌈(1 − s)·n⌉ largest finite
+    scores (n = finite entries of the row), ties at the threshold kept. No gradient."""
+    with torch.no_grad():
+        finite = torch.isfinite(scores)
+        n = finite.sum(-1, keepdim=True)  # (B, H, Tq, 1)
+        k = torch.clamp(torch.ceil((1.0 - sparsity) * n.float()).long(), min=1)
+        k = torch.minimum(k, torch.clamp(n, min=1))
+        k_max = int(k.max())
+        top = torch.topk(scores, k_max, dim=-1).values  # sorted descending
+        thr = top.gather(-1, k - 1)
+        return (scores >= thr) & finite
+
+
+@register("crisp", kind="attention", paper="crisp_attention.txt")
+class CrispAttention(nn.Module):
+    """Crisp attention: keep the top (1 − s) share of each row's pre-softmax scores."""
+
+    needs_hidden = False
+
+    def __init__(
+        self,
+        sparsity: float | Sequence[float] = 0.8,
+        schedule: str = "uniform",
+        n_layers: int = 1,
+        momentum: float = 0.9,
+    ) -> None:
+        super().__init__()
+        if schedule not in ("uniform", "adaptive"):
+            raise ValueError(f"schedule: must be 'uniform' or 'adaptive', got {schedule!r}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum: must be in [0, 1), got {momentum}")
+        if schedule == "adaptive" and not isinstance(sparsity, (int, float)):
+            raise ValueError("sparsity: the adaptive schedule takes one target value, not a list")
+        self.base = parse_sparsity(sparsity, n_layers)
+        self.schedule = schedule
+        self.momentum = momentum
+        # start uniform: equal normalised entropy in every layer
+        self.register_buffer("entropy_ema", torch.full((n_layers,), 0.5))
+
+    def layer_sparsity(self) -> list[float]:
+        """The sparsity each layer uses now (the adaptive rule's current allocation)."""
+        if self.schedule == "uniform":
+            return list(self.base)
+        w = (1.0 - self.entropy_ema).clamp(min=1e-3)
+        s = self.base[0] * w / w.mean()
+        return [float(v) for v in s.clamp(0.0, S_MAX)]
+
+    def _update_entropy(self, layer: int, scores: Tensor) -> None:
+        """EMA of the layer's mean normalised row entropy of the dense attention (training)."""
+        with torch.no_grad():
+            p = torch.softmax(scores.float(), dim=-1)
+            h = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
+            n = torch.isfinite(scores).sum(-1).clamp(min=2).float()
+            h_norm = (h / torch.log(n)).mean()
+            m = self.momentum
+            self.entropy_ema[layer] = m * self.entropy_ema[layer] + (1 - m) * h_norm
+
+    def attend(
+        self,
+        module: nn.Module,
+        query: Tensor,  # (B, H, Tq, d)
+        key: Tensor,  # (B, H, Tk, d)
+        value: Tensor,  # (B, H, Tk, d)
+        mask: Tensor | None,
+        *,
+        dropout: float,
+        scaling: float,
+        layer: int,
+        need_weights: bool = False,
+        **_,
+    ) -> tuple[Tensor, Tensor]:
+        """Attention with per-row top-k scores; returns (out (B, Tq, H, d), probs)."""
+        tq, tk = query.shape[-2], key.shape[-2]
+        allowed = allowed_keys(mask, bool(getattr(module, "is_causal", False)), tq, tk,
+                               query.device)
+        scores = masked_scores(query, key, scaling, allowed)
+        if self.schedule == "adaptive" and self.training:
+            self._update_entropy(layer, scores)
+        s = self.layer_sparsity()[layer]
+        if s > 0.0:
+            keep = topk_row_mask(scores, s)
+            scores = scores.masked_fill_(~keep, float("-inf"))
+        probs = softmax_rows(scores).to(value.dtype)
+        probs = F.dropout(probs, p=dropout, training=module.training)
+        out = torch.matmul(probs, value).transpose(1, 2).contiguous()
+        return out, probs
+
+
+def expected_kept_share(sparsity: float, n: int) -> float:
+    """k/n kept by crisp on a row of n keys (used by analytic proxies and tests)."""
+    return max(1, math.ceil((1.0 - sparsity) * n)) / n
