@@ -18,6 +18,8 @@ from .config import ConfigError
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("reproduce", "synthetic"): ("attnprune.synthetic.cli:main",
                                  "the entropy-pruning paper's synthetic track, trained for real"),
+    ("reproduce", "attention"): ("attnprune.experiments.attention_sweeps:main",
+                                 "crisp sparsity and compute-cost λ sweeps vs dense (MiniLM, tweets)"),
     ("finetune",): ("attnprune.finetune:main", "fine-tune and evaluate an HF encoder with a method"),
     ("lm",): ("attnprune.lm:main", "train / evaluate a causal LM (GPT-2 family) with a method"),
     ("bench", "encoder"): ("attnprune.bench.encoder:main", "speed and FLOPs of token pruning on an encoder"),

@@ -41,12 +41,16 @@ class AttentionMass(TokenMethod):
 
     @property
     def attention_rows(self) -> str:
-        """Query rows of A the score reads: "first" (CLS row only) or "all"; hosts use it to
-        compute only those rows."""
-        return "first" if self.variant == "cls" else "all"
+        """What of A the score reads, so hosts compute only that: "first" (the CLS row,
+        (B, H, 1, L)) or "received" (per head, the mean over real queries, (B, H, 1, L)).
+        Hosts that ignore it pass the full (B, H, L, L); both give the same scores."""
+        return "first" if self.variant == "cls" else "received"
 
     def forward(self, hidden, mask, attn=None, keep_ratio=0.5, layer=0, labels=None, protect=None):
         if attn is None:
             raise ValueError("attention_mass needs the attention probabilities of the previous layer")
-        scores = attention_received(attn.detach(), mask, self.variant)
+        if self.variant == "mean" and attn.shape[-2] == 1:  # host gave the received rows
+            scores = attn.detach()[:, :, 0, :].mean(dim=1)  # (same value if L = 1)
+        else:
+            scores = attention_received(attn.detach(), mask, self.variant)
         return Selection(topk_keep(scores, mask, keep_ratio=keep_ratio, protect=protect), scores=scores)

@@ -1,0 +1,343 @@
+"""Sweeps of the attention-level and loss methods on a fine-tuned encoder (issue 4).
+
+    python -m attnprune.experiments.attention_sweeps --config configs/attention_crisp.yaml --out results/
+    python -m attnprune.experiments.attention_sweeps --config configs/attention_cost.yaml --out results/
+
+``sweep: crisp``  crisp top-k attention, s ∈ ``sparsities`` × ``schedules`` (uniform, adaptive);
+``sweep: cost``   cost incentive, λ ∈ ``lams`` × ``locations`` (both / attention / ffn).
+Each setting is one fine-tune of ``model`` (MiniLM-L6 offline) on ``data`` (tweets) with the
+library's own pieces: ``finetune.load_model``, ``train.fit`` (adds ``attnprune.aux_loss``),
+``finetune.evaluate`` (accuracy, AUC, FLOPs counted with ``count_flops`` for the method and for
+the same weights with the patch disabled on the same batches, wall time with ``time_fn``), and
+``analysis.attention_statistics`` (entropy, Gini, realised attention and FFN sparsity).
+
+s = 0 and λ = 0 are the dense model itself (they reproduce it to 1e-5, tested), so they are the
+single ``dense`` run, trained with the same seed, data order and schedule; every other setting
+is compared with it on the same test examples by ``stats.compare_predictions`` (McNemar with a
+paired bootstrap CI for accuracy, DeLong for AUC; Holm over the whole sweep's family).
+
+FLOPs note: crisp and cost run the dense kernels (masked entries are still computed), so the
+counted FLOPs do not fall; ``flops.sparse_proxy_relative`` is the analytic FLOPs a kernel could
+reach by skipping masked attention pairs (QKᵀ and AV scale with 1 − attention sparsity) and
+zero FFN units (the FFN's second matmul scales with 1 − FFN sparsity) — a proxy, labelled so.
+
+Writes ``config.yaml``, ``summary.json`` (``methods`` + ``comparisons``), ``metrics.csv``,
+``table.md`` (the papers' table layout with CIs and Holm-adjusted p), ``predictions/``,
+figures; a rerun with the same ``--out`` skips finished settings.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import api, stats
+from ..config import dump_yaml, parse_command_line, to_dict
+from ..measure import env_info
+from ..results import ResultsDir, make_run_dir
+
+DENSE = "dense"
+SWEEPS = ("crisp", "cost", "all")  # "all": both sweeps against one dense run, one Holm family
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Settings of an attention sweep (every field is a ``--key value`` option)."""
+
+    sweep: str = "crisp"  # crisp | cost
+    model: str = "minilm"
+    data: str = "tweets"
+    sparsities: tuple[float, ...] = (0.0, 0.4, 0.6, 0.8, 0.9)
+    schedules: tuple[str, ...] = ("uniform", "adaptive")
+    lams: tuple[float, ...] = (0.0, 1e-5, 1e-4, 1e-3, 1e-2)
+    locations: tuple[str, ...] = ("both", "attention", "ffn")
+    alpha: float = 1.0  # α of C_comp
+    beta: float = 1.0  # β of C_comp
+    epochs: int = 1
+    lr: float = 5e-5
+    batch_size: int = 16
+    eval_batch_size: int = 64
+    max_length: int = 64
+    max_train: int | None = None
+    max_eval: int | None = None
+    seeds: tuple[int, ...] = (0,)
+    timing_batches: int = 2
+    timing_repeats: int = 5
+    analysis_batches: int = 4
+    threads: int | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.sweep not in SWEEPS:
+            raise ValueError(f"sweep: must be one of {SWEEPS}, got {self.sweep!r}")
+        for s in self.sparsities:
+            if not 0.0 <= s < 1.0:
+                raise ValueError(f"sparsities: every value must be in [0, 1), got {s}")
+        for s in self.schedules:
+            if s not in ("uniform", "adaptive"):
+                raise ValueError(f"schedules: 'uniform' or 'adaptive', got {s!r}")
+        for v in self.lams:
+            if v < 0:
+                raise ValueError(f"lams: every value must be >= 0, got {v}")
+        for loc in self.locations:
+            if loc not in ("both", "attention", "ffn"):
+                raise ValueError(f"locations: 'both', 'attention' or 'ffn', got {loc!r}")
+        for name in ("epochs", "batch_size", "eval_batch_size", "max_length", "timing_batches",
+                     "timing_repeats", "analysis_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("max_train", "max_eval", "threads"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ValueError(f"{name}: must be >= 1, got {v}")
+        if self.lr <= 0:
+            raise ValueError(f"lr: must be > 0, got {self.lr}")
+        if not self.seeds:
+            raise ValueError("seeds: give at least one seed")
+
+
+def settings(cfg: SweepConfig) -> list[tuple[str, str | None, dict, dict]]:
+    """(label, method, patch options, table keys) of every run; the dense run first."""
+    runs = [(DENSE, None, {}, {"sparsity": 0.0, "lam": 0.0, "schedule": "-", "location": "-"})]
+    if cfg.sweep in ("crisp", "all"):
+        for sched in cfg.schedules:
+            for s in cfg.sparsities:
+                if s > 0:
+                    runs.append((f"crisp-s{s:g}-{sched}", "crisp",
+                                 {"sparsity": s, "schedule": sched},
+                                 {"sparsity": s, "schedule": sched, "lam": 0.0, "location": "-"}))
+    if cfg.sweep in ("cost", "all"):
+        for loc in cfg.locations:
+            for lam in cfg.lams:
+                if lam > 0:
+                    runs.append((f"cost-lam{lam:g}-{loc}", "cost",
+                                 {"lam": lam, "alpha": cfg.alpha, "beta": cfg.beta,
+                                  "location": loc},
+                                 {"sparsity": 0.0, "schedule": "-", "lam": lam, "location": loc}))
+    return runs
+
+
+def sparse_proxy_relative(model_cfg, attn_sparsity: float, ffn_sparsity: float | None,
+                          length: float) -> float:
+    """Analytic FLOPs share reachable by skipping masked attention pairs and zero FFN units
+    (per token: projections 8d², QKᵀ+AV 4Ld, FFN 2·d·d_ff each matmul); a proxy."""
+    d = model_cfg.hidden_size
+    dff = model_cfg.intermediate_size
+    dense = 8 * d * d + 4 * length * d + 4 * d * dff
+    sparse = (8 * d * d + 4 * length * d * (1 - attn_sparsity) + 2 * d * dff
+              + 2 * d * dff * (1 - (ffn_sparsity or 0.0)))
+    return sparse / dense
+
+
+def run_one(cfg: SweepConfig, seed: int, label: str, method: str | None, options: dict,
+            data, results: ResultsDir) -> dict:
+    """Fine-tune, evaluate and analyse one setting; returns its record (also saved)."""
+    from ..analysis import attention_statistics, plot_entropy_heatmap
+    from ..finetune import _loader, evaluate, load_model
+    from ..train import fit
+
+    torch.manual_seed(seed)
+    model, tok = load_model(cfg.model, data.n_classes)
+    if method is not None:
+        api.patch(model, method, **options)
+    train = _loader(data.train, tok, cfg.batch_size, cfg.max_length, True, seed, cfg.max_train)
+    test = _loader(data.test, tok, cfg.eval_batch_size, cfg.max_length, False, 0, cfg.max_eval)
+    history = fit(model, train, epochs=cfg.epochs, lr=cfg.lr, progress=cfg.progress, desc=label)
+    ev = evaluate(model, test, reference=True, timing_batches=cfg.timing_batches,
+                  timing_repeats=cfg.timing_repeats, progress=cfg.progress, desc=f"{label} test")
+    results.save_predictions(label, seed, ev["y_true"], ev["y_pred"], ev["probs"])
+    an = attention_statistics(model, iter(test), max_batches=cfg.analysis_batches)
+    results.save_figure(f"entropy_{label}__seed{seed}.png",
+                        plot_entropy_heatmap(an["entropy_bits"], f"{label}: entropy (bits)"))
+    lengths = [float(b["attention_mask"].sum(1).float().mean()) for _, b in zip(range(4), test)]
+    scalars = {k: v for k, v in ev.items() if k not in ("y_true", "y_pred", "probs")}
+    scalars["flops"]["sparse_proxy_relative"] = sparse_proxy_relative(
+        model.config, an["sparsity_mean"], an["ffn_sparsity_mean"], float(np.mean(lengths)))
+    state = api.patch_state(model)
+    if method == "crisp":
+        scalars["layer_sparsity_setting"] = state.modules.layer_sparsity()
+    record = {"label": label, "seed": seed, "method": method or DENSE, "options": options,
+              "test": scalars, "analysis": an, "history": history}
+    results.save_run(f"{label}__seed{seed}", record)
+    return record
+
+
+def summarize(cfg: SweepConfig, records: dict, results: ResultsDir) -> dict:
+    """summary.json, metrics.csv, table.md and figures from the finished records."""
+    from ..analysis import plot_accuracy_vs
+    from ..compare import load_predictions
+
+    runs = settings(cfg)
+    methods, rows = {}, []
+    for label, method, _, keys in runs:
+        recs = [records[(label, s)] for s in cfg.seeds if (label, s) in records]
+        if not recs:
+            continue
+        accs = [r["test"]["accuracy"] for r in recs]
+        cis = [list(stats.wilson_ci(round(r["test"]["accuracy"] * r["test"]["n"]),
+                                    r["test"]["n"])[:2]) for r in recs]
+        acc = stats.aggregate_seeds(accs, cis)
+        aucs = [r["test"]["auc"] for r in recs if r["test"].get("auc") is not None]
+        mean = lambda xs: float(np.mean(xs))
+        t = [r["test"].get("time", {}) for r in recs]
+        methods[label] = {
+            **keys, "method": method or DENSE,
+            "accuracy": acc,
+            "auc": {"mean": mean(aucs), "per_seed": aucs} if aucs else None,
+            "attention_sparsity": mean([r["analysis"]["sparsity_mean"] for r in recs]),
+            "ffn_sparsity": mean([r["analysis"]["ffn_sparsity_mean"] for r in recs]),
+            "entropy_bits": mean([r["analysis"]["entropy_bits_mean"] for r in recs]),
+            "gini": mean([r["analysis"]["gini_mean"] for r in recs]),
+            "entropy_bits_by_layer": np.mean([r["analysis"]["entropy_bits_by_layer"]
+                                              for r in recs], 0).tolist(),
+            "flops": {"measured": mean([r["test"]["flops"]["measured"] for r in recs]),
+                      "relative": mean([r["test"]["flops"]["relative"] for r in recs]),
+                      "sparse_proxy_relative": mean([r["test"]["flops"]["sparse_proxy_relative"]
+                                                     for r in recs])},
+            "time": {"median_s": mean([x["median_s"] for x in t]),
+                     "mad_s": mean([x["mad_s"] for x in t]),
+                     "relative": mean([x.get("relative", 1.0) for x in t])},
+        }
+        for r in recs:
+            rows.append({"label": label, "seed": r["seed"], **keys,
+                         "accuracy": r["test"]["accuracy"], "auc": r["test"].get("auc"),
+                         "attention_sparsity": r["analysis"]["sparsity_mean"],
+                         "ffn_sparsity": r["analysis"]["ffn_sparsity_mean"],
+                         "entropy_bits": r["analysis"]["entropy_bits_mean"],
+                         "gini": r["analysis"]["gini_mean"],
+                         "flops_relative": r["test"]["flops"]["relative"],
+                         "time_relative": r["test"].get("time", {}).get("relative")})
+    comparisons = _comparisons(cfg, results, load_predictions)
+    summary = {"command": f"attention sweep {cfg.sweep}", "env": env_info(),
+               "config": to_dict(cfg), "methods": methods, "comparisons": comparisons,
+               "notes": {"dense": "s = 0 and λ = 0 are this run (they reproduce it to 1e-5)",
+                         "flops": "measured FLOPs are of dense kernels; sparse_proxy_relative "
+                                  "is an analytic bound, not realised"}}
+    results.write_json("summary.json", summary)
+    if rows:
+        results.write_csv("metrics.csv", rows)
+    results.write_text("table.md", format_table(cfg, methods, comparisons))
+    _figures(cfg, methods, results, plot_accuracy_vs)
+    return summary
+
+
+def _comparisons(cfg: SweepConfig, results: ResultsDir, load_predictions) -> list[dict]:
+    """Every setting vs dense per seed, one Holm family over the sweep."""
+    preds = load_predictions(results.path / "predictions")
+    out = []
+    for seed in cfg.seeds:
+        group = {lab: by_seed[seed] for lab, by_seed in preds.items() if seed in by_seed}
+        if DENSE in group and len(group) > 1:
+            for c in stats.compare_predictions(group, reference=DENSE, adjust=False):
+                c["seed"] = seed
+                out.append(c)
+    if out:
+        stats.apply_decision_rule(out)
+    return out
+
+
+def format_table(cfg: SweepConfig, methods: dict, comparisons: list[dict]) -> str:
+    """Markdown table in the papers' layout, with 95 % CIs and Holm-adjusted McNemar p."""
+    acc_cmp = {c["a"]: c for c in comparisons if c["metric"] == "accuracy"}
+    auc_cmp = {c["a"]: c for c in comparisons if c["metric"] == "auc"}
+    head = ("| setting | s | schedule | λ | location | accuracy [95% CI] | Δ vs dense [95% CI] | "
+            "p (McNemar) | p Holm | AUC | ΔAUC [95% CI] | p Holm (DeLong) | attn sparsity | FFN sparsity | entropy (bits) | Gini | "
+            "FLOPs rel (measured) | FLOPs rel (sparse proxy) | latency rel |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for label, m in methods.items():
+        a = m["accuracy"]
+        c = acc_cmp.get(label)
+        delta = (f"{c['diff']:+.4f} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]" if c else "—")
+        p = f"{c['p']:.3g}" if c else "—"
+        ph = f"{c['p_holm']:.3g}" if c and c.get("p_holm") is not None else "—"
+        u = auc_cmp.get(label)
+        auc = f"{m['auc']['mean']:.4f}" if m.get("auc") else "—"
+        dauc = (f"{u['diff']:+.4f} [{u['ci95'][0]:+.4f}, {u['ci95'][1]:+.4f}]" if u else "—")
+        pauc = f"{u['p_holm']:.3g}" if u and u.get("p_holm") is not None else "—"
+        lines.append(
+            f"| {label} | {m['sparsity']:g} | {m['schedule']} | {m['lam']:g} | {m['location']} | "
+            f"{a['mean']:.4f} "
+            f"[{a['ci95'][0]:.4f}, {a['ci95'][1]:.4f}] | {delta} | {p} | {ph} | {auc} | {dauc} | {pauc} | "
+            f"{m['attention_sparsity']:.3f} | {m['ffn_sparsity']:.3f} | {m['entropy_bits']:.3f} | "
+            f"{m['gini']:.3f} | {m['flops']['relative']:.4f} | "
+            f"{m['flops']['sparse_proxy_relative']:.3f} | {m['time']['relative']:.3f} |")
+    better = [lab for lab, c in acc_cmp.items() if c.get("p_holm") is not None
+              and c["p_holm"] < 0.05 and c["diff"] > 0]
+    worse = [lab for lab, c in acc_cmp.items() if c.get("p_holm") is not None
+             and c["p_holm"] < 0.05 and c["diff"] < 0]
+    auc_better = [lab for lab, c in auc_cmp.items() if c.get("p_holm") is not None
+                  and c["p_holm"] < 0.05 and c["diff"] > 0]
+    auc_worse = [lab for lab, c in auc_cmp.items() if c.get("p_holm") is not None
+                 and c["p_holm"] < 0.05 and c["diff"] < 0]
+    lines.append("")
+    lines.append(f"Significantly better than dense after Holm (accuracy): "
+                 f"{', '.join(better) or 'none'}; significantly worse: {', '.join(worse) or 'none'}.")
+    lines.append(f"Significantly better than dense after Holm (AUC): "
+                 f"{', '.join(auc_better) or 'none'}; significantly worse: "
+                 f"{', '.join(auc_worse) or 'none'}.")
+    return "\n".join(lines) + "\n"
+
+
+def _figures(cfg: SweepConfig, methods: dict, results: ResultsDir, plot_accuracy_vs) -> None:
+    dense = methods.get(DENSE)
+    others = [(lab, m) for lab, m in methods.items() if lab != DENSE]
+    if not others or dense is None:
+        return
+    band = (dense["accuracy"]["mean"], tuple(dense["accuracy"]["ci95"]))
+    crisp = [(lab, m) for lab, m in others if m["method"] == "crisp"]
+    cost = [(lab, m) for lab, m in others if m["method"] == "cost"]
+    if crisp:
+        others = crisp
+        xs = [m["sparsity"] for _, m in others]
+        groups = [m["schedule"] for _, m in others]
+        fig = plot_accuracy_vs(xs, [m["accuracy"]["mean"] for _, m in others],
+                               [m["accuracy"]["ci95"] for _, m in others], xlabel="sparsity s",
+                               groups=groups, dense=band, title="crisp: accuracy vs sparsity")
+        results.save_figure("accuracy_vs_sparsity.png", fig)
+    if cost:
+        others = cost
+        xs = [m["lam"] for _, m in others]
+        groups = [m["location"] for _, m in others]
+        fig = plot_accuracy_vs(xs, [m["accuracy"]["mean"] for _, m in others],
+                               [m["accuracy"]["ci95"] for _, m in others], xlabel="λ",
+                               groups=groups, dense=band, log_x=True,
+                               title="cost incentive: accuracy vs λ")
+        results.save_figure("accuracy_vs_lambda.png", fig)
+
+
+def run(cfg: SweepConfig, results: ResultsDir) -> dict:
+    """Every (setting, seed) of the sweep (finished ones skipped), then the summary."""
+    from ..data.text import load_text_data
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    data = load_text_data(cfg.data)
+    records = {}
+    for seed in cfg.seeds:
+        for label, method, options, _ in settings(cfg):
+            key = f"{label}__seed{seed}"
+            if results.run_done(key):
+                records[(label, seed)] = results.load_run(key)
+                print(f"skip {key}: finished earlier")
+                continue
+            records[(label, seed)] = run_one(cfg, seed, label, method, options, data, results)
+            summarize(cfg, records, results)  # partial results readable while the sweep runs
+    return summarize(cfg, records, results)
+
+
+def main(argv: list[str]) -> int:
+    """CLI entry: ``[--config FILE] [--key value ...] --out DIR``."""
+    cl = parse_command_line(argv, SweepConfig, default_out="results")
+    out = ResultsDir(make_run_dir(cl.out, f"attention-{cl.config.sweep}", cl.exact_out))
+    out.write_text("config.yaml", dump_yaml(cl.config))
+    summary = run(cl.config, out)
+    print((out.path / "table.md").read_text())
+    print(f"results: {out.path}  ({len(summary['methods'])} settings)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

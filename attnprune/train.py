@@ -1,0 +1,120 @@
+"""One fine-tuning loop for sequence classification, on HF ``accelerate``.
+
+    loss = (1 − α)·CE(y, z) + α·τ²·KL(softmax(z_T/τ) ‖ softmax(z/τ)) + aux          (α = distill_weight)
+
+z are the (patched) model's logits, z_T a frozen teacher's (e.g. the full fine-tuned model,
+Hinton et al. 2015 distillation; off by default), ``aux = attnprune.aux_loss(model)`` the
+method's auxiliary losses of that forward (entropy-head CE, Gumbel budget, LTP sparsity,
+attention/cost penalties), so any registered method — token, attention or loss kind — trains
+with the same loop. AdamW with linear warm-up and linear decay
+(``transformers.get_linear_schedule_with_warmup``), gradient accumulation and gradient
+clipping through ``accelerate`` (``accelerate launch`` runs it on several GPUs or nodes).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["fit"]
+
+
+def _loss(model: nn.Module, batch: dict, teacher: nn.Module | None, alpha: float,
+          tau: float) -> tuple[torch.Tensor, dict]:
+    from . import api
+
+    inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask")}
+    out = model(**inputs, labels=batch["labels"])
+    task = F.cross_entropy(out.logits, batch["labels"])
+    loss = task
+    logs = {"task": float(task.detach())}
+    if teacher is not None and alpha > 0:
+        with torch.no_grad():
+            zt = teacher(**inputs).logits
+        kd = F.kl_div(F.log_softmax(out.logits / tau, -1), F.log_softmax(zt / tau, -1),
+                      reduction="batchmean", log_target=True) * tau**2
+        loss = (1 - alpha) * task + alpha * kd
+        logs["distill"] = float(kd.detach())
+    aux = api.aux_loss(model)
+    if aux is not None:
+        loss = loss + aux
+        logs["aux"] = float(aux.detach())
+    return loss, logs
+
+
+def fit(
+    model: nn.Module,
+    train_loader: Iterable,
+    *,
+    epochs: int = 1,
+    lr: float = 5e-5,
+    weight_decay: float = 0.01,
+    warmup_ratio: float = 0.1,
+    grad_accum: int = 1,
+    max_grad_norm: float = 1.0,
+    teacher: nn.Module | None = None,
+    distill_weight: float = 0.0,
+    distill_temperature: float = 2.0,
+    on_epoch_end: Callable[[int, nn.Module], dict] | None = None,
+    progress: bool = True,
+    desc: str = "train",
+) -> list[dict]:
+    """Fine-tune ``model`` on ``train_loader`` (a DataLoader of dicts with input_ids,
+    attention_mask, labels); returns one log dict per epoch (mean losses, plus whatever
+    ``on_epoch_end(epoch, model)`` returns, e.g. validation metrics).
+
+    Bias and LayerNorm weights get no weight decay (the BERT recipe). The method's modules,
+    registered on the model by ``attnprune.patch``, are trained with it.
+    """
+    from accelerate import Accelerator
+    from tqdm.auto import tqdm
+    from transformers import get_linear_schedule_with_warmup
+
+    for name, v in (("epochs", epochs), ("grad_accum", grad_accum)):
+        if int(v) < 1:
+            raise ValueError(f"{name} must be ≥ 1, got {v}")
+    if not 0 <= distill_weight <= 1:
+        raise ValueError(f"distill_weight must be in [0, 1], got {distill_weight}")
+    acc = Accelerator(gradient_accumulation_steps=grad_accum, cpu=not torch.cuda.is_available())
+    decay, no_decay = [], []
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "LayerNorm" in n or "layer_norm" in n else decay).append(p)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+    steps = epochs * math.ceil(len(train_loader) / grad_accum)
+    sched = get_linear_schedule_with_warmup(opt, int(warmup_ratio * steps), steps)
+    model, opt, train_loader, sched = acc.prepare(model, opt, train_loader, sched)
+    if teacher is not None:
+        teacher = acc.prepare_model(teacher, evaluation_mode=True)
+        teacher.eval()
+    history = []
+    for epoch in range(1, epochs + 1):
+        model.train()
+        sums: dict[str, float] = {}
+        n = 0
+        bar = tqdm(train_loader, desc=f"{desc} epoch {epoch}/{epochs}", disable=not progress,
+                   leave=False)
+        for batch in bar:
+            with acc.accumulate(model):
+                loss, logs = _loss(model, batch, teacher, distill_weight, distill_temperature)
+                acc.backward(loss)
+                if acc.sync_gradients and max_grad_norm:
+                    acc.clip_grad_norm_(model.parameters(), max_grad_norm)
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            n += 1
+            for k, v in logs.items():
+                sums[k] = sums.get(k, 0.0) + v
+            bar.set_postfix(loss=f"{sums['task'] / n:.4f}")
+        record = {"epoch": epoch, **{f"train_{k}": v / max(n, 1) for k, v in sums.items()}}
+        if on_epoch_end is not None:
+            model.eval()
+            record.update(on_epoch_end(epoch, acc.unwrap_model(model)) or {})
+        history.append(record)
+    return history
