@@ -64,8 +64,14 @@ def main(argv: list[str] | None = None) -> int:
             except (ImportError, AttributeError) as e:
                 print(f"attnprune: command '{' '.join(words)}' is not available: {e}", file=sys.stderr)
                 return 2
+            rest = argv[len(words):]
+            if "-h" in rest or "--help" in rest:
+                # Every command documents its options in its module docstring.
+                doc = importlib.import_module(module).__doc__ or ""
+                print(f"attnprune {' '.join(words)}\n\n{doc.strip()}")
+                return 0
             try:
-                return int(fn(argv[len(words):]) or 0)
+                return int(fn(rest) or 0)
             except ConfigError as e:
                 print(f"attnprune {' '.join(words)}: error: {e}", file=sys.stderr)
                 return 2
