@@ -4,7 +4,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from attnprune.config import ConfigError, dump_yaml, load_config, parse_command_line, parse_overrides
+from attnprune.config import (
+    ConfigError,
+    dump_yaml,
+    load_config,
+    parse_command_line,
+    parse_overrides,
+)
 
 
 @dataclass(frozen=True)

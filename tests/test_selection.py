@@ -4,8 +4,14 @@ import pytest
 import torch
 
 from attnprune.selection import (
-    budget, check_keep_ratio, entropy, gather_tokens, gumbel_sigmoid, scatter_tokens,
-    threshold_keep, topk_keep,
+    budget,
+    check_keep_ratio,
+    entropy,
+    gather_tokens,
+    gumbel_sigmoid,
+    scatter_tokens,
+    threshold_keep,
+    topk_keep,
 )
 
 
@@ -76,7 +82,7 @@ def test_gather_extra_tensors():
     h = torch.randn(2, 5, 3)
     pos = torch.arange(5).expand(2, 5)
     keep = torch.tensor([[1, 0, 1, 0, 1], [1, 1, 0, 0, 0]], dtype=torch.bool)
-    g, p = gather_tokens(h, keep, pos)
+    _, p = gather_tokens(h, keep, pos)
     assert p[0].tolist() == [0, 2, 4] and p[1, :2].tolist() == [0, 1]
 
 
