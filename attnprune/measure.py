@@ -113,22 +113,43 @@ def time_fn(fn: Callable[[], Any], repeats: int = 10, warmup: int = 2) -> Timing
     return Timing(med, mad, repeats, warmup, torch.get_num_threads(), tuple(times))
 
 
-def peak_memory(fn: Callable[[], Any]) -> int:
-    """Peak bytes allocated by Python/NumPy during ``fn()`` plus torch's CPU allocator peak
-    where the build exposes it; a rough figure for CPU (tracemalloc sees torch tensors only
-    through the default allocator's Python hooks, so we also read ``ru_maxrss`` deltas)."""
-    import resource
+def peak_memory(fn: Callable[[], Any], interval_s: float = 2e-4) -> int:
+    """Peak growth of the process's resident memory (bytes) while ``fn()`` runs.
 
+    A background thread samples RSS (psutil) every ``interval_s`` seconds and the result is the
+    largest sample minus the RSS before the call, or tracemalloc's peak of Python allocations if
+    that is larger. Unlike ``ru_maxrss`` (a high-water mark for the whole process life), this
+    works for several calls in one process. Torch's CPU allocator returns large blocks to the
+    OS on free, so successive calls are comparable; very short peaks can fall between samples.
+    """
+    import threading
+
+    import psutil
+
+    proc = psutil.Process()
     gc.collect()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = proc.memory_info().rss
+    peak = base
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, proc.memory_info().rss)
+            done.wait(interval_s)
+
+    thread = threading.Thread(target=sample, daemon=True)
     tracemalloc.start()
+    thread.start()
     try:
         fn()
-        _, peak = tracemalloc.get_traced_memory()
+        peak = max(peak, proc.memory_info().rss)
+        _, py_peak = tracemalloc.get_traced_memory()
     finally:
+        done.set()
+        thread.join()
         tracemalloc.stop()
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(max(peak, (after - before) * 1024))
+    return int(max(peak - base, py_peak, 0))
 
 
 def env_info() -> dict:

@@ -38,3 +38,15 @@ def test_time_fn_contract():
     with pytest.raises(ValueError, match="repeats"):
         time_fn(lambda: None, repeats=0)
     assert set(env_info()) == {"torch", "threads", "device", "python"}
+
+
+def test_peak_memory_sees_a_large_tensor_each_time():
+    from attnprune.measure import peak_memory
+
+    def big():
+        x = torch.ones(25_000_000)  # 100 MB
+        return float(x.sum())
+
+    for _ in range(2):  # works repeatedly in one process (ru_maxrss would not)
+        assert peak_memory(big) > 60_000_000
+    assert peak_memory(lambda: None) < 30_000_000
