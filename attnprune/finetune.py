@@ -37,9 +37,9 @@ import torch
 import yaml
 
 from . import api
-from .config import dump_yaml, parse_command_line, to_dict
+from .config import parse_command_line, to_dict
 from .measure import count_flops, env_info, time_fn
-from .results import ResultsDir, make_run_dir
+from .results import ResultsDir
 from .selection import check_keep_ratio
 
 __all__ = ["FinetuneConfig", "evaluate", "load_model", "main", "run"]
@@ -614,10 +614,7 @@ def main(argv: list[str]) -> int:
     cfg = cl.config
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    path = make_run_dir(cl.out, "finetune", cl.exact_out)
-    results = ResultsDir(path)
-    results.write_text("config.yaml", dump_yaml(cfg))
-    print(f"results: {path}")
+    results = ResultsDir.start(cl.out, "finetune", cl.exact_out, cfg)
     summary = run(cfg, results)
     for label, e in sorted(summary["methods"].items()):
         acc = e.get("accuracy", {})

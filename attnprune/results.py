@@ -91,6 +91,17 @@ class ResultsDir:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
 
+    @classmethod
+    def start(cls, out: str | os.PathLike, command: str, exact: bool, config: Any) -> ResultsDir:
+        """Make (or reopen, with ``exact``) the results folder of ``command``, write its
+        resolved ``config.yaml`` and say where it is: the opening every command shares."""
+        from .config import dump_yaml
+
+        results = cls(make_run_dir(out, command, exact))
+        results.write_text("config.yaml", dump_yaml(config))
+        print(f"results: {results.path}")
+        return results
+
     # -- writers ---------------------------------------------------------------------------
     def write_text(self, name: str, text: str) -> Path:
         return atomic_write_text(self.path / name, text)

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from .. import api
-from ..config import dump_yaml, parse_command_line
+from ..config import parse_command_line
 from ..measure import count_flops, env_info, peak_memory, time_fn
-from ..results import ResultsDir, make_run_dir
+from ..results import ResultsDir
 from ..selection import check_keep_ratio
 
 __all__ = ["BenchEncoderConfig", "bench_config", "main"]
@@ -291,10 +291,7 @@ def main(argv: list[str]) -> int:
     cfg = cl.config
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    path = make_run_dir(cl.out, "bench-encoder", cl.exact_out)
-    results = ResultsDir(path)
-    results.write_text("config.yaml", dump_yaml(cfg))
-    print(f"results: {path}")
+    results = ResultsDir.start(cl.out, "bench-encoder", cl.exact_out, cfg)
     run(cfg, results)
     for _, line in summary_rows(results.read_json("summary.json")):
         print(line)
