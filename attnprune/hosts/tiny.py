@@ -58,8 +58,34 @@ FULL = "full"  # the method name meaning "no gate"
 
 
 # ----------------------------------------------------------------------------- blocks
+class _RowGather(torch.autograd.Function):
+    """``table[index]`` whose backward scatters with ``index_add_``: on CPU that is about three
+    times faster than the ``index_put_(accumulate=True)`` that autograd uses for ``table[index]``
+    (110 vs 384 µs for a (500, 192) table and 4,096 indices, one thread). Written by hand because
+    torch has no embedding lookup with that backward; deterministic (CPU ``index_add_`` is serial).
+    """
+
+    @staticmethod
+    def forward(ctx, table: Tensor, index: Tensor) -> Tensor:
+        ctx.save_for_backward(index)
+        ctx.rows = table.shape[0]
+        return table.index_select(0, index.reshape(-1)).view(*index.shape, table.shape[1])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (index,) = ctx.saved_tensors
+        width = grad.shape[-1]
+        g = grad.new_zeros(ctx.rows, width).index_add_(0, index.reshape(-1), grad.reshape(-1, width))
+        return g, None
+
+
 class SingleHeadAttention(nn.Module):
-    """Q = XW_Q, K = XW_K, V = XW_V, A = softmax(QKᵀ/√d), out = AV (+ X if residual)  (eq. 1)."""
+    """Q = XW_Q, K = XW_K, V = XW_V, A = softmax(QKᵀ/√d), out = AV (+ X if residual)  (eq. 1).
+
+    1/√d is folded into W_Q (exact when d is a power of 4, as d = 64: the scale is then a power
+    of two). The mask is applied only when some key is padding (top-k gates and unpadded batches
+    have none).
+    """
 
     def __init__(self, d: int, residual: bool = True) -> None:
         super().__init__()
@@ -69,18 +95,25 @@ class SingleHeadAttention(nn.Module):
         self.residual = residual
         self.scale = 1.0 / math.sqrt(d)
 
+    def weights(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(W_Q/√d, W_K, W_V), so that x Wᵀ gives (Q/√d, K, V)."""
+        return self.q.weight * self.scale, self.k.weight, self.v.weight
+
     def forward(self, x: Tensor, mask: Tensor,
                 qkv: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
         """x (B, L, d), mask (B, L) bool (True = real) → (out (B, L, d), A (B, L, L)).
 
-        ``qkv`` = (Q, K, V), each (B, L, d), may be given precomputed (see
+        ``qkv`` = (Q/√d, K, V), each (B, L, d), may be given precomputed (see
         :meth:`TinyEncoder.forward`).
         """
-        q, k, v = (self.q(x), self.k(x), self.v(x)) if qkv is None else qkv  # (B, L, d) each
-        scores = q @ k.transpose(1, 2) * self.scale  # (B, L, L)
-        # Padding keys get the most negative finite value (not -inf: an all-padding row stays
-        # finite instead of NaN).
-        scores = scores.masked_fill(~mask[:, None, :], torch.finfo(scores.dtype).min)
+        # Three matmuls rather than one with stacked weights: the stacked one's backward
+        # concatenates the three gradients, which costs more than it saves (measured).
+        q, k, v = (F.linear(x, w) for w in self.weights()) if qkv is None else qkv
+        scores = q @ k.transpose(1, 2)  # (B, L, L)
+        if not bool(mask.all()):
+            # Padding keys get the most negative finite value (not -inf: an all-padding row
+            # stays finite instead of NaN).
+            scores = scores.masked_fill(~mask[:, None, :], torch.finfo(scores.dtype).min)
         attn = scores.softmax(dim=-1)  # (B, L, L), rows sum to 1
         out = attn @ v  # (B, L, d)
         return (x + out if self.residual else out), attn
@@ -162,7 +195,7 @@ class TinyEncoder(nn.Module):
         # V rows once instead of the B·L tokens (exact; ~20 % of a training step's FLOPs at
         # V = 500, B·L = 4096).
         a = self.attn1
-        qkv1 = tuple((self.embeddings @ lin.weight.T)[tokens] for lin in (a.q, a.k, a.v))
+        qkv1 = tuple(_RowGather.apply(self.embeddings @ w.T, tokens) for w in a.weights())
         x1, a1 = a(x, mask, qkv=qkv1)  # (B, L, d), (B, L, L)
 
         aux, scores, probs = None, None, None
