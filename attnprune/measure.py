@@ -19,14 +19,14 @@ import gc
 import statistics
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch.utils import flop_counter as fc
 
-__all__ = ["Timing", "count_flops", "env_info", "peak_memory", "time_fn"]
+__all__ = ["Timing", "count_flops", "env_info", "peak_memory", "time_fn", "time_interleaved"]
 
 
 def _sdpa_cpu_mapping() -> dict:
@@ -111,6 +111,39 @@ def time_fn(fn: Callable[[], Any], repeats: int = 10, warmup: int = 2) -> Timing
     med = statistics.median(times)
     mad = statistics.median(abs(t - med) for t in times)
     return Timing(med, mad, repeats, warmup, torch.get_num_threads(), tuple(times))
+
+
+def time_interleaved(fns: Mapping[str, Callable[[], Any]], repeats: int = 10,
+                     warmup: int = 2) -> dict[str, Timing]:
+    """Time several callables round-robin: ``warmup`` discarded calls of each, then ``repeats``
+    rounds in which each is called once (the order rotates every round), so a burst of load
+    from elsewhere or a drift of the clock hits all of them alike. Returns a :class:`Timing`
+    per name; compare them by the ratio of their medians.
+
+    Written here because timing libraries (``timeit``, ``torch.utils.benchmark``) time one
+    statement at a time, which puts each candidate in a different stretch of a noisy machine.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be ≥ 1, got {repeats}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be ≥ 0, got {warmup}")
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        for i in range(len(names)):
+            name = names[(i + r) % len(names)]
+            t0 = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - t0)
+    out = {}
+    for name, t in times.items():
+        med = statistics.median(t)
+        mad = statistics.median(abs(v - med) for v in t)
+        out[name] = Timing(med, mad, repeats, warmup, torch.get_num_threads(), tuple(t))
+    return out
 
 
 def peak_memory(fn: Callable[[], Any], interval_s: float = 2e-4) -> int:

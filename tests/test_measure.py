@@ -50,3 +50,27 @@ def test_peak_memory_sees_a_large_tensor_each_time():
     for _ in range(2):  # works repeatedly in one process (ru_maxrss would not)
         assert peak_memory(big) > 60_000_000
     assert peak_memory(lambda: None) < 30_000_000
+
+
+def test_time_interleaved_rotates_and_times_every_callable():
+    from attnprune.measure import time_interleaved
+
+    calls = []
+    fns = {n: (lambda n=n: calls.append(n)) for n in "abc"}
+    out = time_interleaved(fns, repeats=3, warmup=1)
+    assert set(out) == {"a", "b", "c"}
+    assert all(t.repeats == 3 and len(t.times_s) == 3 for t in out.values())
+    assert calls[:3] == ["a", "b", "c"]  # warm-ups
+    assert calls[3:] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # order rotates
+    with pytest.raises(ValueError, match="repeats"):
+        time_interleaved(fns, repeats=0)
+
+
+def test_time_interleaved_ranks_a_slow_callable_slower():
+    import time as _time
+
+    from attnprune.measure import time_interleaved
+
+    out = time_interleaved({"fast": lambda: None, "slow": lambda: _time.sleep(0.005)},
+                           repeats=5, warmup=0)
+    assert out["slow"].median_s > out["fast"].median_s + 0.004

@@ -28,3 +28,34 @@ def test_bf16_training_steps_learn():
     assert all(math.isfinite(h["train_loss"]) for h in hist)
     assert hist[-1]["train_loss"] < hist[0]["train_loss"]
     assert next(model.parameters()).dtype == torch.float32  # parameters stay fp32
+
+
+@pytest.mark.parametrize("method", ["attention_mass", "entropy", "entropy_gumbel"])
+def test_gate_decides_in_float32_under_bf16_autocast(method):
+    """The matmuls go bf16 but A⁽¹⁾ and the gate's scores stay float32: in bf16 the scores'
+    8 mantissa bits would turn close tokens into ties for top-k."""
+    torch.manual_seed(0)
+    model = TinyEncoder(TinyConfig(vocab=50, d_model=16, method=method)).train()
+    tokens = torch.randint(0, 50, (8, 12))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(tokens, labels=torch.zeros(8, dtype=torch.long))
+    assert out.attn1.dtype == torch.float32
+    assert out.scores.dtype == torch.float32
+    assert out.logits.dtype == torch.bfloat16  # the classifier's matmul did run in bf16
+
+
+def test_bf16_and_fp32_training_agree_on_an_easy_task():
+    accs = {}
+    for precision in ("fp32", "bf16"):
+        torch.manual_seed(0)
+        model = TinyEncoder(TinyConfig(vocab=50, d_model=16, method="entropy"))
+        g = torch.Generator().manual_seed(1)
+        tokens = torch.randint(2, 50, (256, 12), generator=g)
+        labels = torch.randint(0, 2, (256,), generator=g)
+        tokens[:, :3] = labels[:, None]  # token 0 or 1, three times, tells the class
+        tokens = tokens[:, torch.randperm(12, generator=g)]
+        hist = train_model(model, tokens, labels, tokens, labels,
+                           TrainConfig(epochs=8, batch_size=32, lr=1e-2, precision=precision),
+                           seed=0)
+        accs[precision] = hist[-1]["val_accuracy"]
+    assert accs["fp32"] > 0.9 and abs(accs["fp32"] - accs["bf16"]) < 0.05, accs

@@ -114,7 +114,9 @@ class SingleHeadAttention(nn.Module):
             # Padding keys get the most negative finite value (not -inf: an all-padding row
             # stays finite instead of NaN).
             scores = scores.masked_fill(~mask[:, None, :], torch.finfo(scores.dtype).min)
-        attn = scores.softmax(dim=-1)  # (B, L, L), rows sum to 1
+        # float32 softmax even under bf16 autocast (which would keep it in bf16): A⁽¹⁾ feeds the
+        # attention_mass gate, and 8 mantissa bits would make its top-k mostly ties.
+        attn = scores.softmax(dim=-1, dtype=torch.float32)  # (B, L, L), rows sum to 1
         out = attn @ v  # (B, L, d)
         return (x + out if self.residual else out), attn
 
@@ -203,8 +205,12 @@ class TinyEncoder(nn.Module):
             keep = mask
             h, h_mask, pool_w = x1, mask, mask.to(x1.dtype)  # (B, L, d), (B, L), (B, L)
         else:
-            sel = self.gate(x1, mask, attn=a1[:, None], keep_ratio=self.cfg.keep_ratio,
-                            labels=labels if self.training else None)
+            # The gate decides in float32 under bf16 autocast too: its scores rank tokens, and
+            # bf16 logits and entropies would turn close scores into ties.
+            with torch.autocast(x1.device.type, enabled=False):
+                sel = self.gate(x1.float(), mask, attn=a1[:, None],
+                                keep_ratio=self.cfg.keep_ratio,
+                                labels=labels if self.training else None)
             keep, aux, scores = sel.keep, sel.aux_loss, sel.scores
             probs = None if sel.info is None else sel.info.get("probs")
             if self.training and sel.soft is not None:

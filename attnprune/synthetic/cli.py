@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(cfg.threads)
+    if cfg.precision == "bf16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        print("warning: precision: this CPU has no native bfloat16 matmuls, so bf16 training is "
+              "emulated and may be slower than --precision fp32", file=sys.stderr)
     run_dir = make_run_dir(cmd.out, "reproduce synthetic", cmd.exact_out)
     results = ResultsDir(run_dir)
     cfg_file = run_dir / "config.yaml"

@@ -47,10 +47,11 @@ class TrainConfig:
     batch_size: int = 64
     lr: float = 3e-3
     weight_decay: float = 0.01  # AdamW's usual default scale; the model has no norm layers
-    # Mixed precision of the training steps: "bf16" autocasts forward and loss to bfloat16 (the
+    # Mixed precision of the training steps: "bf16" autocasts forward and loss to bfloat16, so
+    # the matmuls run in bf16 (the tiny model keeps its softmax and its gate in float32; the
     # parameters, optimiser and every evaluation stay float32); "auto" uses bf16 where the CPU
-    # has native bf16 matmuls (oneDNN reports it), else float32. Measured here: 17.5 → 11.2 ms
-    # per training step of the full model (B = 64, L = 64, 1 thread).
+    # has native bf16 matmuls (oneDNN reports it), else float32. Measured here (3 epochs of the
+    # six gates, one thread): 10.9 s fp32 → 7.3 s bf16.
     precision: str = "auto"
 
     def __post_init__(self) -> None:
