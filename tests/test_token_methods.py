@@ -111,3 +111,16 @@ def test_aux_loss_reaches_parameters(name):
     assert loss is not None, f"{name} has parameters but no aux loss, soft mask or log-prob"
     loss.backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
+
+
+def test_patching_a_non_transformers_model_does_not_import_transformers():
+    """The hf_* hosts (≈3 s of transformers imports) load only for transformers models."""
+    import subprocess
+    import sys
+
+    code = ("import sys, attnprune\n"
+            "from attnprune.hosts.tiny import TinyConfig, TinyEncoder\n"
+            "attnprune.patch(TinyEncoder(TinyConfig(vocab=20, d_model=8)), 'entropy')\n"
+            "print('transformers' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr

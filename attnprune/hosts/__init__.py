@@ -61,18 +61,29 @@ def register_host(name: str, kinds: tuple[str, ...], matches: Callable[[nn.Modul
     return deco
 
 
-def _load_all() -> None:
+def _from_transformers(model: nn.Module) -> bool:
+    return any(c.__module__.startswith("transformers.") for c in type(model).__mro__)
+
+
+def _load_all(model: nn.Module | None = None) -> None:
+    """Import the host modules. The ``hf_*`` hosts import model code from transformers (about
+    3 s the first time), so they are skipped for a model that is not a transformers class."""
+    skip_hf = model is not None and not _from_transformers(model)
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
+        if info.name.startswith("_") or (skip_hf and info.name.startswith("hf_")):
+            continue
+        importlib.import_module(f"{__name__}.{info.name}")
 
 
 def find_host(model: nn.Module, kind: str) -> Host:
     """The host that patches ``model`` for methods of ``kind``; ValueError if none does."""
-    _load_all()
-    for host in _HOSTS:
-        if kind in host.kinds and host.matches(model):
-            return host
+    _load_all(model)
+    for attempt in range(2):
+        for host in _HOSTS:
+            if kind in host.kinds and host.matches(model):
+                return host
+        if attempt == 0:
+            _load_all()  # no match among the hosts loaded so far: try every host, then fail
     served = sorted({h.name for h in _HOSTS if kind in h.kinds})
     raise ValueError(
         f"model: no host patches {type(model).__name__} for {kind!r} methods "
