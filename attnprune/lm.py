@@ -40,10 +40,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import api, registry
-from .config import ConfigError, dump_yaml, parse_command_line
+from .config import ConfigError, parse_command_line
 from .data.lm_text import LMData, batch, eval_windows, load_lm_text
 from .measure import count_flops, env_info, time_fn
-from .results import ResultsDir, make_run_dir
+from .results import ResultsDir
 
 __all__ = ["PRESETS", "LMConfig", "build_model", "evaluate", "generate", "main", "run_lm"]
 
@@ -508,9 +508,8 @@ def run_lm(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     data = load_lm_text(cfg.data, cfg.tokenizer)  # errors name ``data`` before any work
-    path = make_run_dir(out, "lm", exact)
-    rd = ResultsDir(path)
-    rd.write_text("config.yaml", dump_yaml(cfg))
+    rd = ResultsDir.start(out, "lm", exact, cfg)
+    path = rd.path
     if rd.run_done("lm"):
         print(f"already finished: {path}")
         return path

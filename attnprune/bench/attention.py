@@ -27,9 +27,9 @@ import torch
 from tqdm import tqdm
 
 from ..api import patch, unpatch
-from ..config import dump_yaml, parse_command_line, to_dict
+from ..config import parse_command_line, to_dict
 from ..measure import count_flops, env_info, time_fn
-from ..results import ResultsDir, make_run_dir
+from ..results import ResultsDir
 
 TARGET_RATIO = 0.95  # issue 4: modulation through SDPA keeps ≥ 95 % of the dense tokens/s
 
@@ -163,8 +163,7 @@ def format_table(summary: dict) -> str:
 def main(argv: list[str]) -> int:
     """CLI entry: ``attnprune bench attention [--key value ...] --out DIR``."""
     cl = parse_command_line(argv, BenchAttentionConfig, default_out="results")
-    out = ResultsDir(make_run_dir(cl.out, "bench-attention", cl.exact_out))
-    out.write_text("config.yaml", dump_yaml(cl.config))
+    out = ResultsDir.start(cl.out, "bench-attention", cl.exact_out, cl.config)
     summary = run(cl.config)
     out.write_json("summary.json", summary)
     table = format_table(summary)

@@ -35,9 +35,9 @@ import numpy as np
 import torch
 
 from .. import api, stats
-from ..config import dump_yaml, parse_command_line, to_dict
+from ..config import parse_command_line, to_dict
 from ..measure import env_info
-from ..results import ResultsDir, make_run_dir
+from ..results import ResultsDir
 
 DENSE = "dense"
 SWEEPS = ("crisp", "cost", "all")  # "all": both sweeps against one dense run, one Holm family
@@ -331,8 +331,7 @@ def run(cfg: SweepConfig, results: ResultsDir) -> dict:
 def main(argv: list[str]) -> int:
     """CLI entry: ``[--config FILE] [--key value ...] --out DIR``."""
     cl = parse_command_line(argv, SweepConfig, default_out="results")
-    out = ResultsDir(make_run_dir(cl.out, f"attention-{cl.config.sweep}", cl.exact_out))
-    out.write_text("config.yaml", dump_yaml(cl.config))
+    out = ResultsDir.start(cl.out, f"attention-{cl.config.sweep}", cl.exact_out, cl.config)
     summary = run(cl.config, out)
     print((out.path / "table.md").read_text())
     print(f"results: {out.path}  ({len(summary['methods'])} settings)")
