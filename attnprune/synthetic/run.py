@@ -626,7 +626,8 @@ def run_experiment(cfg: SyntheticConfig, results: ResultsDir,
         "env": env_info(),
         "config": {"seeds": list(cfg.seeds), "keep_ratio": cfg.keep_ratio, "noise": cfg.noise,
                    "idf": cfg.idf, "epochs": cfg.epochs, "length": cfg.length,
-                   "d_model": cfg.d_model, "workers": cfg.workers, "threads": cfg.threads},
+                   "d_model": cfg.d_model, "workers": cfg.workers, "threads": cfg.threads,
+                   "precision": cfg.precision},
         "methods": methods,
         "comparisons": comps,
         "comparisons_per_seed": comps_seed,
@@ -677,8 +678,9 @@ def format_table(summary: dict) -> str:
     head = (f"{'method':<18} {'accuracy':>15} {'AUC':>15} {'kept':>5} {'FLOPs proxy':>11} "
             f"{'FLOPs meas.':>11} {'latency proxy':>13} {'wall time':>9} {'gate':>5} "
             f"{'signal kept':>15} {'ECE':>15}")
-    title = (f"Synthetic validation (n = {len(seeds)} seeds {seeds}; mean ± 95 % CI half-width "
-             "over seeds; relative = vs full, same process)")
+    precision = summary["config"].get("precision", "fp32")
+    title = (f"Synthetic validation (n = {len(seeds)} seeds {seeds}; training precision "
+             f"{precision}; mean ± 95 % CI half-width over seeds; relative = vs full, same process)")
     lines = [title, head, "-" * len(head)]
     for lab, m in summary["methods"].items():
         fl = m.get("flops", {})
