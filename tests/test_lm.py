@@ -147,3 +147,25 @@ def test_paper_preset_from_the_command_line_and_a_config_file(tmp_path, monkeypa
     f.write_text("preset: paper\nsteps: 3\n")
     lm.main(["--config", str(f), "--out", str(tmp_path)])
     assert seen["cfg"].n_embd == 384 and seen["cfg"].steps == 3
+
+
+def test_bench_lm_over_windows_with_and_without_row_bucketing(corpus, tmp_path):
+    """``bench lm --windows N --bucket-rows false``: FLOPs over all N windows in batches; with
+    an LTP threshold that keeps different counts per row, bucketing never counts more FLOPs."""
+    from attnprune.bench.lm import BenchLMConfig, bench_lm
+
+    cfg = load_config(LMConfig, None, {**_kv(TINY), "data": f"text:{corpus}", "steps": 2,
+                                       "eval_every": 2, "gen_tokens": 0, "method": "ltp",
+                                       "method_options": "{keep_ratio: 0.5}"})
+    run = run_lm(cfg, tmp_path / "ltp", exact=True)
+    rows = {}
+    for bucket in (True, False):
+        out = bench_lm(BenchLMConfig(run=str(run), batch_size=4, windows=8, repeats=1, warmup=0,
+                                     gen_tokens=0, bucket_rows=bucket),
+                       tmp_path / f"bench{bucket}", exact=True)
+        rows[bucket] = json.loads((out / "summary.json").read_text())["methods"]["ltp"]["rows"][0]
+    assert rows[True]["windows"] == 8 and rows[True]["bucket_rows"] is True
+    assert rows[True]["flops_pruned"] <= rows[False]["flops_pruned"]
+    assert rows[True]["flops_full"] == rows[False]["flops_full"]
+    with pytest.raises(ValueError, match="windows"):
+        BenchLMConfig(run=str(run), windows=-1)

@@ -1,10 +1,12 @@
 """``attnprune bench lm``: speed and FLOPs of causal-LM token pruning, full vs pruned, one process.
 
-    attnprune bench lm --run runs/lm-…  [--lengths 64,128] [--batch-size 8] --out bench/
+    attnprune bench lm --run runs/lm-…  [--lengths 64,128] [--batch-size 8] [--windows 64]
+                       [--bucket-rows false] --out bench/
 
 Loads a finished ``attnprune lm`` run (its ``config.yaml`` and ``model.safetensors``), and for
 each sequence length times the forward pass with pruning on and off on the same batches of
-validation text (:func:`attnprune.measure.time_fn`: warm-up discarded, median and MAD), counts
+validation text (``windows`` evenly spaced windows in batches of ``batch_size``; default one
+batch) (:func:`attnprune.measure.time_fn`: warm-up discarded, median and MAD), counts
 FLOPs of both (:func:`attnprune.measure.count_flops`), and measures generation throughput
 (tokens/s, ``gen_tokens`` new tokens, temperature 0.8, KV cache on). Prints the table and
 writes ``summary.json`` / ``bench.csv``. Ratios are measured in one process; wall times on a
@@ -13,7 +15,6 @@ shared machine are noisy, FLOPs are not.
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,8 @@ class BenchLMConfig:
     run: str = ""  # results folder of ``attnprune lm`` (config.yaml + model.safetensors)
     lengths: tuple[int, ...] = ()  # default: the run's context
     batch_size: int = 8
+    windows: int = 0  # validation windows measured, in batches of batch_size (0 = one batch)
+    bucket_rows: bool = True  # the causal host's row bucketing at inference (False: pad to max)
     repeats: int = 10
     warmup: int = 2
     gen_tokens: int = 500
@@ -64,8 +67,8 @@ class BenchLMConfig:
         for name in ("batch_size", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
-        if self.warmup < 0 or self.gen_tokens < 0 or self.threads < 0:
-            raise ValueError("warmup, gen_tokens and threads must be ≥ 0")
+        if self.warmup < 0 or self.gen_tokens < 0 or self.threads < 0 or self.windows < 0:
+            raise ValueError("warmup, gen_tokens, threads and windows must be ≥ 0")
         if self.temperature < 0:
             raise ValueError(f"temperature must be ≥ 0, got {self.temperature}")
 
@@ -90,13 +93,21 @@ def bench_lm(cfg: BenchLMConfig, out: Path, exact: bool = False) -> Path:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     model, data, lm_cfg = load_run(cfg.run)
+    st = api.patch_state(model)
+    if st is not None and hasattr(st, "bucket_rows"):
+        st.bucket_rows = cfg.bucket_rows
     rd = ResultsDir(make_run_dir(out, "bench lm", exact))
     rd.write_text("config.yaml", yaml.safe_dump({**cfg.__dict__, "lengths": list(cfg.lengths)}))
     rows = []
     for T in cfg.lengths or (lm_cfg.context,):
-        x, y = eval_windows(data.val, cfg.batch_size, T)
-        ev = evaluate(model, x, y)  # kept ratio per layer on these very batches
-        fwd = functools.partial(model, x)
+        x, y = eval_windows(data.val, cfg.windows or cfg.batch_size, T)
+        ev = evaluate(model, x, y, batch_size=cfg.batch_size)  # kept per layer on these batches
+        batches = x.split(cfg.batch_size)
+
+        def fwd(batches=batches):
+            for xb in batches:
+                model(xb)
+
         with torch.no_grad():
             _set_enabled(model, False)
             f_full, per = count_flops(fwd, by_module=True)
@@ -106,7 +117,8 @@ def bench_lm(cfg: BenchLMConfig, out: Path, exact: bool = False) -> Path:
         per_layer = _layer_flops(per, model.config.n_layer)
         kept = ev["kept_per_layer"] or [1.0] * len(per_layer)
         eff = f_full - sum(per_layer) + sum(f * k for f, k in zip(per_layer, kept))
-        rows.append({"length": T, "batch": cfg.batch_size, "kept_per_layer": kept,
+        rows.append({"length": T, "batch": cfg.batch_size, "windows": len(x),
+                     "bucket_rows": cfg.bucket_rows, "kept_per_layer": kept,
                      "flops_full": f_full, "flops_pruned": f_pr, "flops_relative": f_pr / f_full,
                      "flops_effective_relative": eff / f_full,
                      "time_full_s": t_full.median_s, "time_full_mad_s": t_full.mad_s,
