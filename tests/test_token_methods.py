@@ -124,3 +124,43 @@ def test_patching_a_non_transformers_model_does_not_import_transformers():
             "print('transformers' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def _ltp_inputs(B=4, H=2, L=20, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    attn = torch.randn(B, H, L, L, generator=g).mul(3).softmax(-1)
+    mask = torch.ones(B, L, dtype=torch.bool)
+    mask[0, 15:] = False
+    return torch.randn(B, L, 8, generator=g), mask, attn
+
+
+@pytest.mark.parametrize("rho", [0.3, 0.5, 0.75])
+def test_ltp_calibrates_theta_to_the_target_on_its_first_training_forward(rho):
+    from attnprune.methods.ltp import LearnedTokenPruning
+
+    hidden, mask, attn = _ltp_inputs()
+    m = LearnedTokenPruning(n_layers=2).train()
+    sel = m(hidden, mask, attn=attn, keep_ratio=rho, layer=1)
+    kept = float(sel.keep[mask].float().mean())
+    assert bool(m.calibrated[1]) and not bool(m.calibrated[0])
+    assert abs(kept - rho) < 0.06, kept  # from init_threshold 0.5 it would not depend on ρ
+    theta = m.theta[1].item()
+    with torch.no_grad():
+        m.theta[1] += 0.3  # a later forward must not recalibrate
+    m(hidden, mask, attn=attn, keep_ratio=rho, layer=1)
+    assert m.theta[1].item() == pytest.approx(theta + 0.3)
+
+
+def test_ltp_without_calibration_keeps_init_threshold_and_old_checkpoints_load_calibrated():
+    from attnprune.methods.ltp import LearnedTokenPruning
+
+    hidden, mask, attn = _ltp_inputs()
+    m = LearnedTokenPruning(n_layers=2, init_threshold=0.7, calibrate=False).train()
+    m(hidden, mask, attn=attn, keep_ratio=0.3, layer=0)
+    assert m.theta[0].item() == pytest.approx(0.7) and not bool(m.calibrated.any())
+    old = {"theta": torch.tensor([1.5, 2.5])}  # saved before the flag existed
+    fresh = LearnedTokenPruning(n_layers=2)
+    fresh.load_state_dict(old)
+    assert bool(fresh.calibrated.all())
+    fresh.train()(hidden, mask, attn=attn, keep_ratio=0.3, layer=0)
+    assert fresh.theta[0].item() == pytest.approx(1.5)  # learned θ kept
