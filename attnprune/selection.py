@@ -29,6 +29,7 @@ __all__ = [
     "entropy",
     "gather_tokens",
     "gumbel_sigmoid",
+    "row_groups",
     "scatter_tokens",
     "threshold_keep",
     "topk_keep",
@@ -185,3 +186,39 @@ def gumbel_sigmoid(logits: Tensor, tau: float, training: bool, generator=None) -
         g = -torch.log(-torch.log(u))
         logits = logits + g.to(logits.dtype)
     return torch.sigmoid(logits / tau)
+
+
+def row_groups(counts: Tensor, overhead: float = 32.0) -> list[Tensor]:
+    """Split b rows with kept counts K_r into groups run separately by the later blocks.
+
+    Rule: minimise Σ_g (|g| · max_{r∈g} K_r + c) — the token slots the group's blocks process
+    (each row padded to its group's longest) plus c = ``overhead`` slots per group (the fixed
+    cost of running the blocks once more). Some optimal split groups runs of the rows sorted
+    by K_r (swapping a longer row out of a group with the smaller maximum for a shorter row of
+    the other group raises neither maximum), with equal K_r together, so dynamic programming
+    over the m ≤ b distinct counts u_1 < … < u_m finds it in O(m²). Ties go to fewer groups:
+    equal counts give one group. Returns the groups as (g,) row indices in ascending order,
+    shortest rows first.
+
+    Hosts use it to run the layers after a variable-budget gather on groups of rows of similar
+    length instead of padding every row to the batch's longest (written by hand: no library
+    buckets rows whose lengths change inside a forward).
+    """
+    values, mult = torch.unique(counts, sorted=True, return_counts=True)
+    u, n = values.tolist(), mult.tolist()
+    m = len(u)
+    best = [0.0] + [float("inf")] * m  # best[j]: cost of the rows with the j smallest counts
+    cut = [0] * (m + 1)
+    for j in range(1, m + 1):
+        rows = 0
+        for i in range(j - 1, -1, -1):  # last group = counts u_i … u_{j-1}, padded to u_{j-1}
+            rows += n[i]
+            cost = best[i] + rows * u[j - 1] + overhead
+            if cost <= best[j]:  # ≤ with i falling: ties take the larger group
+                best[j], cut[j] = cost, i
+    groups, j = [], m
+    while j > 0:
+        lo, hi = u[cut[j]], u[j - 1]
+        groups.append(torch.nonzero((counts >= lo) & (counts <= hi)).flatten())
+        j = cut[j]
+    return groups[::-1]

@@ -10,8 +10,8 @@ from transformers import DynamicCache
 
 import attnprune
 from attnprune.hosts import hf_causal
-from attnprune.hosts.hf_causal import row_groups
 from attnprune.measure import count_flops
+from attnprune.selection import row_groups
 
 KEEP_IDS = 20  # decisive(): token ids < 20 are kept at every decision layer, the rest dropped
 

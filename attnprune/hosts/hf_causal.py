@@ -24,8 +24,8 @@ What happens to a token dropped before block l (``HF_NOTES.md`` "Causal models")
 
 Row bucketing (inference without a KV cache, ``bucket_rows=True``): after a gather the b rows
 keep K_r tokens each and are padded to max_r K_r. The rows are split into groups of similar K_r
-(:func:`row_groups`: dynamic programming over the sorted counts, minimising padded token slots
-plus a per-group overhead c in slots); each group, cut to its own longest row, runs the rest of
+(:func:`attnprune.selection.row_groups`: dynamic programming over the sorted counts,
+minimising padded token slots plus a per-group overhead c in slots); each group, cut to its own longest row, runs the rest of
 the block loop (its later decisions may prune and split it again: the loop recurses), and its
 final states are written back to its rows before ``ln_f``. Padding never attends nor is
 attended, so outputs equal the unbucketed forward up to float rounding; only the padded work
@@ -60,10 +60,10 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
 from .. import registry
-from ..selection import check_keep_ratio, gather_tokens, scatter_tokens
+from ..selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
 from . import PatchState, register_host
 
-__all__ = ["CausalPatchState", "PrunedGPT2Model", "causal_methods", "row_groups"]
+__all__ = ["CausalPatchState", "PrunedGPT2Model", "causal_methods"]
 
 _ALIASES = {"ltp": "ltp_causal"}  # the encoder LTP owns the name "ltp"; here it means ltp_causal
 _KEYS_ATTR = "_attnprune_keys"  # per-block 2D key-validity masks stored on a KV cache
@@ -78,38 +78,6 @@ GROUP_OVERHEAD_TOKENS = 32
 def causal_methods() -> list[str]:
     """Registered token methods whose decisions are causal (usable with this host)."""
     return [n for n in registry.list_methods("token") if getattr(registry.get(n).cls, "causal", False)]
-
-
-def row_groups(counts: Tensor, overhead: float = GROUP_OVERHEAD_TOKENS) -> list[Tensor]:
-    """Split b rows with kept counts K_r into groups run separately by the later blocks.
-
-    Rule: minimise Σ_g (|g| · max_{r∈g} K_r + c) — the token slots the group's blocks process
-    (each row padded to its group's longest) plus c = ``overhead`` slots per group (the fixed
-    cost of running the blocks once more). Some optimal split groups runs of the rows sorted
-    by K_r (swapping a longer row out of a group with the smaller maximum for a shorter row of
-    the other group raises neither maximum), with equal K_r together, so dynamic programming
-    over the m ≤ b distinct counts u_1 < … < u_m finds it in O(m²). Ties go to fewer groups:
-    equal counts give one group. Returns the groups as (g,) row indices in ascending order,
-    shortest rows first.
-    """
-    values, mult = torch.unique(counts, sorted=True, return_counts=True)
-    u, n = values.tolist(), mult.tolist()
-    m = len(u)
-    best = [0.0] + [float("inf")] * m  # best[j]: cost of the rows with the j smallest counts
-    cut = [0] * (m + 1)
-    for j in range(1, m + 1):
-        rows = 0
-        for i in range(j - 1, -1, -1):  # last group = counts u_i … u_{j-1}, padded to u_{j-1}
-            rows += n[i]
-            cost = best[i] + rows * u[j - 1] + overhead
-            if cost <= best[j]:  # ≤ with i falling: ties take the larger group
-                best[j], cut[j] = cost, i
-    groups, j = [], m
-    while j > 0:
-        lo, hi = u[cut[j]], u[j - 1]
-        groups.append(torch.nonzero((counts >= lo) & (counts <= hi)).flatten())
-        j = cut[j]
-    return groups[::-1]
 
 
 @dataclass
@@ -398,7 +366,8 @@ def patch(model: nn.Module, spec, keep_ratio: float | None = None, layers=None,
     (stock outputs). ``layers``: decision layers (each ≥ 1), default the method's own.
     ``enabled=False`` keeps the method's weights on the model but prunes nothing.
     ``bucket_rows`` (default True): at inference without a KV cache, split the batch after a
-    gather into groups of rows with similar kept counts (:func:`row_groups`) so short rows are
+    gather into groups of rows with similar kept counts
+    (:func:`attnprune.selection.row_groups`) so short rows are
     not padded to the longest; same outputs, fewer FLOPs. Other ``options`` go to the method.
     """
     if not isinstance(bucket_rows, bool):
