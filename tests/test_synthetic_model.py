@@ -171,3 +171,40 @@ def test_public_patch_api_on_the_tiny_model():
     with pytest.raises(ValueError, match="keep_ratio"):
         attnprune.patch(full, "entropy", keep_ratio=0)
     assert full.gate is None  # a refused patch leaves the model alone
+
+
+def _threshold_model(bucket_rows: bool) -> TinyEncoder:
+    torch.manual_seed(3)
+    cfg = TinyConfig(vocab=40, d_model=16, method="entropy_threshold",
+                     method_options={"threshold": 0.95}, bucket_rows=bucket_rows)
+    model = TinyEncoder(cfg).eval()
+    with torch.no_grad():  # a head whose confidence depends on the token: counts differ by row
+        model.gate.head.weight.normal_(0, 3.0)
+    return model
+
+
+def test_row_bucketing_keeps_outputs_and_cuts_flops():
+    tokens = torch.randint(0, 40, (24, 32), generator=torch.Generator().manual_seed(0))
+    mask = torch.arange(32)[None, :] < torch.linspace(4, 32, 24).long()[:, None]  # 4..32 real
+    on, off = _threshold_model(True), _threshold_model(False)
+    with torch.no_grad():
+        a, b = on(tokens, mask), off(tokens, mask)
+        counts = a.keep.sum(1)
+        assert counts.max() - counts.min() >= 8  # the test needs rows of different lengths
+        torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
+        assert torch.equal(a.keep, b.keep)
+        assert count_flops(on, tokens, mask) < count_flops(off, tokens, mask)
+
+
+def test_row_bucketing_is_a_single_group_for_top_k_and_off_in_training():
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 40, (8, 16))
+    model = TinyEncoder(TinyConfig(vocab=40, d_model=16, method="entropy")).eval()
+    with torch.no_grad():
+        off = TinyEncoder(TinyConfig(vocab=40, d_model=16, method="entropy", bucket_rows=False))
+        off.load_state_dict(model.state_dict())
+        off.eval()
+        assert torch.equal(model(tokens).logits, off(tokens).logits)  # equal counts: one group
+    m = _threshold_model(True).train()
+    out = m(tokens, labels=torch.zeros(8, dtype=torch.long))
+    assert out.logits.requires_grad  # training keeps the one padded batch (no bucketing path)
