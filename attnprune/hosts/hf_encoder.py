@@ -19,11 +19,24 @@ Choices, and why:
   (``selection.gather_tokens``) rather than packed: the stock HF layers and SDPA take a padded
   (B, K, d) batch and a key mask; packing would need varlen kernels that CPU SDPA lacks. The
   cost is K_max − K_b padded slots per row, reported in ``stats["padded_per_layer"]``.
+* Row bucketing (inference, ``bucket_rows=True``): variable-budget methods (LTP, entropy
+  thresholds) leave rows with very different K_b, and padding every row to K_max wastes
+  K_max − K_b slots per row in every later layer. After a gather the b rows are split into
+  groups of similar K_b (:func:`attnprune.selection.row_groups`: dynamic programming over the
+  sorted counts, minimising padded slots plus c = ``GROUP_OVERHEAD_TOKENS`` slots per group and
+  layer); each group, cut to its own longest row, runs the remaining layers (a later pruning
+  layer may split it again: :func:`_layers` and :func:`_grouped` recurse), and the groups'
+  outputs go back to their rows. Padding never attends nor is attended, so the outputs equal
+  the one-batch forward up to float rounding. Equal counts (top-k on equal-length rows) give
+  one group: the same path as without bucketing. Training keeps one padded batch (soft masks
+  and batch losses see the whole batch).
 * CLS (position 0) is always kept (``protect_first``); the gather keeps ascending order, so it
   stays at position 0 and every stock head (pooler, ``hidden[:, 0]``) reads it unchanged.
 * The output is scattered back to (B, L, d) (``output="scatter"``, default; dropped tokens
   carry their last computed state) so the model's output shape is the stock one;
-  ``output="short"`` returns the gathered (B, K, d) batch and skips that copy.
+  ``output="short"`` returns the gathered (B, K, d) batch and skips that copy (with row
+  groups: the same shape, K the longest final row; slots past a group's own width, padding
+  either way, are zeros).
 * Attention probabilities for methods that need them are computed only at pruning layers, from
   the query/key projections the layer already computed (captured by forward hooks on the
   ``query``/``key`` linears, so nothing is recomputed), and only for the rows the method reads:
@@ -40,6 +53,9 @@ Choices, and why:
 * ``position_ids`` given to the model are not passed to layers after a gather (HF_NOTES.md:
   non-consecutive ids look like packed sequences); absolute positions were added at the
   embeddings already.
+
+Written by hand: no library prunes tokens inside the stock HF encoder loop, nor buckets the rows
+of a batch whose lengths change between its layers.
 """
 
 from __future__ import annotations
@@ -48,16 +64,28 @@ import math
 import time
 import types
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from .. import registry
 from ..methods.base import protect_first
-from ..selection import check_keep_ratio, gather_tokens, scatter_tokens
+from ..selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
 from . import PatchState, register_host
 
-__all__ = ["HFEncoderState", "parse_schedule", "patch_hf_encoder"]
+__all__ = ["GROUP_OVERHEAD_TOKENS", "HFEncoderState", "parse_schedule", "patch_hf_encoder"]
+
+# Cost of one more group of rows, in token slots per layer (the c of selection.row_groups).
+# Measured on MiniLM-L6 (d = 384, d_ff = 1536), 1 thread, one BertLayer call with a padded
+# mask, interleaved timing of b ∈ {1, 2, 4, 8, 16} rows × K ∈ {8, …, 64} slots: per b a line
+# t ≈ 340–450 µs + 39.5–41.5 µs per slot, i.e. 8–11.5 slots fixed per layer call. A group's
+# own slicing, new mask and write-back cost ≈ 310 µs ≈ 9 slots once, ≈ 2.5 per layer over the
+# 4 layers left after a prune at layer 2. c = 12 is their sum. On the trained MiniLM/tweets LTP
+# models (ρ 0.3–0.75, after layer 2, batch 32, 1 thread) wall time varies by ≤ 4 % over
+# c ∈ [8, 64] (c = 32 lowest by 1–4 %, about the timing noise; it counts 2.5 % more FLOPs than
+# c = 12) and is 13–16 % higher at c = 0 (many one-row groups).
+GROUP_OVERHEAD_TOKENS = 12
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -177,12 +205,14 @@ class HFEncoderState(PatchState):
     ``kept_per_layer`` (real tokens entering each layer, summed over the batch; soft mask sums
     in training), ``padded_per_layer`` (B·K_l, what the layer computes), ``kept_ratio``
     (Σ_l kept_l / (n_layers · real_tokens): the share of token-layer work done).
-    ``enabled = False`` runs the stock encoder (used to time the full model in one process).
+    ``kept_per_layer`` and ``padded_per_layer`` are summed over row groups when bucketing.
+    ``enabled = False`` runs the stock encoder (used to time the full model in one process);
+    ``bucket_rows`` may be switched between forwards.
     """
 
     def __init__(self, method: str, module: nn.Module, encoder: nn.Module, layers, qk,
                  schedule: tuple[float, ...], keep_ratio: float, config, family: str,
-                 output: str, soft_mode: str) -> None:
+                 output: str, soft_mode: str, bucket_rows: bool = True) -> None:
         super().__init__(method, module)
         self.encoder = encoder
         self.layers = layers
@@ -194,6 +224,7 @@ class HFEncoderState(PatchState):
         self.output = output
         self.soft_mode = soft_mode
         self.enabled = True
+        self.bucket_rows = bucket_rows
         self.labels: Tensor | None = None
         self.scorer_time_s = 0.0  # wall time spent computing attention probabilities, last forward
         self._captured: dict[str, Tensor] = {}
@@ -265,6 +296,20 @@ class HFEncoderState(PatchState):
 
 
 # ----------------------------------------------------------------------------- the loop
+@dataclass
+class _Pass:
+    """What one forward's layer loop reads at every level of row bucketing."""
+
+    method: nn.Module
+    training: bool
+    rows: str  # the method's attention_rows
+    labels: Tensor | None
+    kwargs: dict  # passed to every layer (position_ids dropped after the first gather)
+    bucket: bool
+    kept: list[float]  # real tokens (soft mask sums in training) entering layer l, all groups
+    padded: list[int]  # token slots layer l computes, summed over groups
+
+
 def _pruned_forward(state: HFEncoderState, original):
     """The replacement encoder forward (bound to the encoder instance)."""
 
@@ -276,84 +321,158 @@ def _pruned_forward(state: HFEncoderState, original):
         kwargs.pop("encoder_attention_mask", None)
         kwargs.pop("past_key_values", None)
         kwargs.pop("use_cache", None)
-        method = state.modules
         training = self.training
         state.aux_losses = []
         state.scorer_time_s = state.select_time_s = state.gather_time_s = 0.0
         B, L, _ = hidden_states.shape
         mask = _key_mask(attention_mask, B, L, hidden_states.device)  # (B, L) real tokens
         real = int(mask.sum())
-        full_hidden = hidden_states if state.output == "scatter" else None
-        index = torch.arange(L, device=mask.device).expand(B, L)  # original positions
-        soft_total: Tensor | None = None  # (B, L) product of the soft masks so far
-        mask4d = attention_mask
-        kept, padded = [], []
-        gathered = False
         n = len(state.layers)
-        rows = getattr(method, "attention_rows", "all")
-        labels = state.labels if training else None
-        for i, layer in enumerate(state.layers):
-            prune = i < n - 1 and state.schedule[i] < (state.schedule[i - 1] if i else 1.0) - 1e-12
-            need_attn = prune and method.needs_attention
-            kept.append(float(soft_total.detach().sum()) if soft_total is not None else float(mask.sum()))
-            padded.append(mask.numel())
-            state._want = state.qk[i][0] if need_attn else None  # hooks keep this layer's q, k
-            hidden_states = layer(hidden_states, mask4d, **kwargs)
-            if not prune:
-                continue
-            rho = state.schedule[i] / (state.schedule[i - 1] if i else 1.0)
-            attn = None
-            t0 = time.perf_counter()
-            if need_attn:
-                add = _additive(mask, soft_total, hidden_states.dtype)
-                attn = state._attention(i, add, rows, mask)
-            sel = method(hidden_states, mask, attn=attn, keep_ratio=rho, layer=i,
-                         labels=labels, protect=protect_first(mask))
-            t1 = time.perf_counter()
-            state.select_time_s += t1 - t0
-            if sel.aux_loss is not None:
-                state.aux_losses.append(sel.aux_loss)
-            if training and sel.soft is not None:
-                soft = sel.soft * mask.to(sel.soft.dtype)
-                soft = torch.where(protect_first(mask), torch.ones_like(soft), soft)
-                soft_total = soft if soft_total is None else soft_total * soft
-                if state.soft_mode == "multiply":
-                    hidden_states = hidden_states * soft[..., None]
-                else:  # log-mask bias on the keys of every later layer
-                    mask4d = _additive(mask, soft_total, hidden_states.dtype)[:, None, None, :]
-                continue
-            keep = sel.keep & mask
-            if full_hidden is not None:
-                full_hidden = scatter_tokens(full_hidden, hidden_states, index, mask)
-            g, index = gather_tokens(hidden_states, keep, index)
-            hidden_states, mask = g.hidden, g.mask
-            gathered = True
-            if soft_total is not None:
-                soft_total = torch.gather(soft_total, 1, g.index)
-                mask4d = _additive(mask, soft_total, hidden_states.dtype)[:, None, None, :]
-            else:
-                from transformers.masking_utils import create_bidirectional_mask
-
-                # The stock helper gives the format the model's attention implementation
-                # expects (None, bool or float) for the shorter batch.
-                mask4d = create_bidirectional_mask(config=state.config, inputs_embeds=hidden_states,
-                                                   attention_mask=mask.long())
-            kwargs.pop("position_ids", None)
-            state.gather_time_s += time.perf_counter() - t1
-        if full_hidden is not None and gathered:  # even with K = L, rows may have shifted
-            hidden_states = scatter_tokens(full_hidden, hidden_states, index, mask)
+        method = state.modules
+        # Row bucketing at inference only: training keeps one padded batch (soft masks, and
+        # losses over the batch).
+        run = _Pass(method=method, training=training,
+                    rows=getattr(method, "attention_rows", "all"),
+                    labels=state.labels if training else None, kwargs=kwargs,
+                    bucket=state.bucket_rows and not training, kept=[0.0] * n, padded=[0] * n)
+        index = torch.arange(L, device=mask.device).expand(B, L)  # original positions
+        full = hidden_states if state.output == "scatter" else None
+        hidden_states, _ = _layers(state, run, 0, hidden_states, mask, attention_mask, index, full)
+        kept = run.kept
         state.stats = {
             "real_tokens": real,
             "kept_per_layer": kept,
-            "padded_per_layer": padded,
+            "padded_per_layer": run.padded,
             "kept_ratio": sum(kept) / max(n * real, 1),
             "attention_time_s": state.scorer_time_s,  # A⁽ˡ⁾ for the scorer
             "select_time_s": state.select_time_s,  # A⁽ˡ⁾ + the method's scoring and top-k
-            "gather_time_s": state.gather_time_s,  # gather, scatter and the new mask
+            "gather_time_s": state.gather_time_s,  # gather, scatter, the new masks, groups
         }
         return state.output_cls(last_hidden_state=hidden_states)
 
     return forward
+
+
+def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask: Tensor,
+            mask4d, index: Tensor, full: Tensor | None,
+            gathered: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Layers ``start``, ``start + 1``, … on b rows, in the host's output format.
+
+    ``hidden`` (b, K, d) the tokens still present in ascending original order, ``mask``
+    (b, K) their real slots, ``mask4d`` the layers' attention mask for them, ``index`` (b, K)
+    their original positions, ``full`` (b, L, d) every token's state so far (dropped tokens'
+    last states; None for ``output="short"``), ``gathered`` whether a gather already happened.
+    Returns ((b, L, d) final states, None) for ``output="scatter"``, or the compact
+    ((b, K', d), (b, K') mask) for ``output="short"``. After a gather at inference the rows may
+    be split into groups (:func:`_grouped`), each running the rest of this loop.
+    """
+    method = run.method
+    n = len(state.layers)
+    soft_total: Tensor | None = None  # (b, K) product of the soft masks so far (training)
+    for i in range(start, n):
+        layer = state.layers[i]
+        prune = i < n - 1 and state.schedule[i] < (state.schedule[i - 1] if i else 1.0) - 1e-12
+        need_attn = prune and method.needs_attention
+        run.kept[i] += float(soft_total.detach().sum()) if soft_total is not None else float(mask.sum())
+        run.padded[i] += mask.numel()
+        state._want = state.qk[i][0] if need_attn else None  # hooks keep this layer's q, k
+        hidden = layer(hidden, mask4d, **run.kwargs)
+        if not prune:
+            continue
+        rho = state.schedule[i] / (state.schedule[i - 1] if i else 1.0)
+        attn = None
+        t0 = time.perf_counter()
+        if need_attn:
+            add = _additive(mask, soft_total, hidden.dtype)
+            attn = state._attention(i, add, run.rows, mask)
+        sel = method(hidden, mask, attn=attn, keep_ratio=rho, layer=i,
+                     labels=run.labels, protect=protect_first(mask))
+        t1 = time.perf_counter()
+        state.select_time_s += t1 - t0
+        if sel.aux_loss is not None:
+            state.aux_losses.append(sel.aux_loss)
+        if run.training and sel.soft is not None:
+            soft = sel.soft * mask.to(sel.soft.dtype)
+            soft = torch.where(protect_first(mask), torch.ones_like(soft), soft)
+            soft_total = soft if soft_total is None else soft_total * soft
+            if state.soft_mode == "multiply":
+                hidden = hidden * soft[..., None]
+            else:  # log-mask bias on the keys of every later layer
+                mask4d = _additive(mask, soft_total, hidden.dtype)[:, None, None, :]
+            continue
+        keep = sel.keep & mask
+        if full is not None:
+            full = scatter_tokens(full, hidden, index, mask)
+        g, index = gather_tokens(hidden, keep, index)
+        hidden, mask = g.hidden, g.mask
+        gathered = True
+        run.kwargs.pop("position_ids", None)
+        if soft_total is not None:
+            soft_total = torch.gather(soft_total, 1, g.index)
+            mask4d = _additive(mask, soft_total, hidden.dtype)[:, None, None, :]
+        else:
+            if run.bucket and hidden.shape[0] > 1:
+                groups = row_groups(mask.sum(1), GROUP_OVERHEAD_TOKENS)
+                if len(groups) > 1:
+                    state.gather_time_s += time.perf_counter() - t1
+                    return _grouped(state, run, i + 1, groups, hidden, mask, index, full)
+            mask4d = _bidirectional(state, hidden, mask)
+        state.gather_time_s += time.perf_counter() - t1
+    if full is None:
+        return hidden, mask
+    if gathered:  # even with K = L, rows may have shifted
+        t0 = time.perf_counter()
+        full = scatter_tokens(full, hidden, index, mask)
+        state.gather_time_s += time.perf_counter() - t0
+        return full, None
+    return hidden, None
+
+
+def _grouped(state: HFEncoderState, run: _Pass, start: int, groups: list[Tensor],
+             hidden: Tensor, mask: Tensor, index: Tensor,
+             full: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """Layers ``start``, … on each group of rows, cut to the group's longest row (pad slots sit
+    at the end of a gathered row), then the groups' outputs back in the rows' places.
+
+    ``output="scatter"``: the (b, L, d) final states, row by row as one batch would give them.
+    ``output="short"``: (b, K', d) with K' the longest final row over all groups (as one batch
+    gives); slots past a group's own width are zeros (they are padding, mask False).
+    """
+    t0 = time.perf_counter()
+    parts = []
+    for rows in groups:  # rows (g,) indices into the b rows
+        k = max(int(mask[rows].sum(1).max()), 1)
+        h, m = hidden[rows, :k], mask[rows, :k]  # (g, k, d), (g, k)
+        m4 = _bidirectional(state, h, m)
+        sub_full = None if full is None else full[rows]  # (g, L, d)
+        state.gather_time_s += time.perf_counter() - t0
+        parts.append((rows, _layers(state, run, start, h, m, m4, index[rows, :k], sub_full,
+                                    gathered=True)))
+        t0 = time.perf_counter()
+    if full is not None:
+        out = torch.empty_like(full)  # the groups cover every row once
+        for rows, (o, _) in parts:
+            out[rows] = o
+        state.gather_time_s += time.perf_counter() - t0
+        return out, None
+    b, d = hidden.shape[0], hidden.shape[-1]
+    width = max(o.shape[1] for _, (o, _) in parts)
+    out = hidden.new_zeros(b, width, d)
+    out_mask = mask.new_zeros(b, width)
+    for rows, (o, m) in parts:
+        out[rows, : o.shape[1]] = o
+        out_mask[rows, : m.shape[1]] = m
+    state.gather_time_s += time.perf_counter() - t0
+    return out, out_mask
+
+
+def _bidirectional(state: HFEncoderState, hidden: Tensor, mask: Tensor):
+    """The layers' attention mask for a gathered batch, from the stock helper: the format the
+    model's attention implementation expects (None, bool or float)."""
+    from transformers.masking_utils import create_bidirectional_mask
+
+    return create_bidirectional_mask(config=state.config, inputs_embeds=hidden,
+                                     attention_mask=mask.long())
 
 
 def _additive(mask: Tensor, soft: Tensor | None, dtype) -> Tensor:
@@ -372,16 +491,21 @@ def _additive(mask: Tensor, soft: Tensor | None, dtype) -> Tensor:
 def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float] = 0.5,
                      after_layer: int = 1, schedule=None, output: str = "scatter",
                      soft_mode: str = "bias", scorer_queries: int = 0,
-                     **method_options) -> HFEncoderState:
+                     bucket_rows: bool = True, **method_options) -> HFEncoderState:
     """Patch a BERT / MiniLM / RoBERTa / DistilBERT model (or its ``*ForSequenceClassification``)
     with token method ``spec``.
 
     ``keep_ratio`` ρ, ``after_layer`` and ``schedule`` go through :func:`parse_schedule`;
     ``output`` ∈ {"scatter", "short"}; ``soft_mode`` ∈ {"bias", "multiply"} (training only);
     ``scorer_queries`` S > 0 estimates attention received from S evenly spaced query rows
-    (0 = exact, all rows; costs one extra L×L attention at the pruning layer); the rest are
-    the method's options. All are checked before the model is touched.
+    (0 = exact, all rows; costs one extra L×L attention at the pruning layer);
+    ``bucket_rows`` (default True): at inference, after a gather, run the later layers on
+    groups of rows with similar kept counts (:func:`attnprune.selection.row_groups`), each cut
+    to its own longest row; same outputs, fewer padded slots. The rest are the method's
+    options. All are checked before the model is touched.
     """
+    if not isinstance(bucket_rows, bool):
+        raise ValueError(f"bucket_rows must be True or False, got {bucket_rows!r}")  # noqa: TRY004 (patch() contract: ValueError)
     if output not in ("scatter", "short"):
         raise ValueError(f"output must be 'scatter' or 'short', got {output!r}")
     if isinstance(scorer_queries, bool) or not isinstance(scorer_queries, int) or scorer_queries < 0:
@@ -402,7 +526,7 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
         method.to(device=param.device, dtype=param.dtype)
     rho = keep_ratio if isinstance(keep_ratio, (int, float)) else min(sched)
     state = HFEncoderState(spec.name, method, encoder, layers, qk, sched, float(rho), cfg,
-                           family, output, soft_mode)
+                           family, output, soft_mode, bucket_rows)
     state.n_heads = n_heads
     state.scorer_queries = scorer_queries
     state._want = None
