@@ -16,3 +16,27 @@ import torch
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+def require_shared_file(path) -> None:
+    """Skip when a ``../shared/data`` file is missing on a developer machine; under CI
+    (``CI`` set, where ``../shared`` sits beside the clone) a missing file fails the test."""
+    if path.is_file():
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"shared data file missing under CI: {path}")
+    pytest.skip(f"shared data file not present: {path}")
+
+
+def record_calls(modules, fn, record):
+    """Run ``fn()`` with a forward pre-hook on each of ``modules`` that appends
+    ``record(i, args)`` for every call of module i; returns the list."""
+    seen = []
+    hooks = [m.register_forward_pre_hook(lambda mod, a, i=i: seen.append(record(i, a)))
+             for i, m in enumerate(modules)]
+    try:
+        fn()
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen

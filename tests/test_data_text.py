@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import require_shared_file  # tests/ is on sys.path
 
 from attnprune.data.text import load_text_data, shared_data_dir
 
@@ -69,8 +70,7 @@ def test_data_dir_from_environment(tmp_path, monkeypatch):
 
 def test_shared_tweets_split_sizes(monkeypatch):
     monkeypatch.delenv("ATTNPRUNE_DATA", raising=False)
-    if not (shared_data_dir() / "tweets_sentiment.csv").is_file():
-        pytest.skip("shared tweets file not present")
+    require_shared_file(shared_data_dir() / "tweets_sentiment.csv")
     d = load_text_data("tweets")
     assert (len(d.train), len(d.val), len(d.test)) == (15831, 1979, 1979)
     assert d.label_names == ("0", "1")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import record_calls
 from test_hf_causal import METHODS, force_pruning, tiny  # tests/ is on sys.path
 from transformers import DynamicCache
 
@@ -50,15 +51,7 @@ def decisive_ltp(**kw):
 
 def batch_sizes(model, fn):
     """Run fn(); return the batch size of every block call, in order."""
-    seen = []
-    hooks = [b.register_forward_pre_hook(lambda mod, a: seen.append(a[0].shape[0]))
-             for b in model.transformer.h]
-    try:
-        fn()
-    finally:
-        for h in hooks:
-            h.remove()
-    return seen
+    return record_calls(model.transformer.h, fn, lambda i, a: a[0].shape[0])
 
 
 def on_and_off(model, fn):

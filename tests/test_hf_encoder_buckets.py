@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import record_calls
 from test_hf_encoder import make  # tests/ is on sys.path
 
 import attnprune
@@ -43,22 +44,11 @@ def patched(kind: str, method: str, **kw):
 def layer_batches(model, fn, which=None):
     """Run fn(); return the (rows, slots) of every encoder layer call, in order (and append
     each call's layer index to ``which``)."""
-    seen = []
-    layers = attnprune.patch_state(model).layers
-
-    def hook(mod, a, i):
-        seen.append(tuple(a[0].shape[:2]))
-        if which is not None:
-            which.append(i)
-
-    hooks = [lay.register_forward_pre_hook(lambda mod, a, i=i: hook(mod, a, i))
-             for i, lay in enumerate(layers)]
-    try:
-        fn()
-    finally:
-        for h in hooks:
-            h.remove()
-    return seen
+    calls = record_calls(attnprune.patch_state(model).layers, fn,
+                         lambda i, a: (i, tuple(a[0].shape[:2])))
+    if which is not None:
+        which.extend(i for i, _ in calls)
+    return [shape for _, shape in calls]
 
 
 def on_and_off(model, fn):

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from conftest import require_shared_file  # tests/ is on sys.path
 
 from attnprune.config import ConfigError, load_config
 from attnprune.data import lm_text
@@ -60,9 +61,7 @@ def test_bpe_tokenizer_on_a_file(corpus):
 
 
 def test_shakespeare_char_is_the_shared_file():
-    path = lm_text.shared_data_dir() / "shakespeare.txt"
-    if not path.is_file():
-        pytest.skip("shared data not present")
+    require_shared_file(lm_text.shared_data_dir() / "shakespeare.txt")
     d = lm_text.load_lm_text("shakespeare_char")
     assert d.vocab_size < 120
     assert abs(len(d.train) / (len(d.train) + len(d.val)) - 0.9) < 1e-6
