@@ -551,12 +551,9 @@ def run_lm(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
                                   "flops_effective_relative": costs["flops"]["proxy_relative"],
                                   "time_relative": costs["time"]["relative"],
                                   "tokens_per_s": costs.get("tokens_per_s")}])
-    try:
-        from . import lm_figures
+    from . import lm_figures
 
-        lm_figures.write_figures(rd, history, summary)
-    except ImportError:  # figures are optional extras of the run
-        pass
+    lm_figures.write_figures(rd, history, summary)
     rd.save_run("lm", {"perplexity": ev["perplexity"]})
     print(json.dumps({label: {k: entry[k] for k in ("perplexity", "kept_ratio")},
                       "flops_relative": costs["flops"]["relative"],

@@ -287,25 +287,20 @@ def _figures(cfg: SweepConfig, methods: dict, results: ResultsDir, plot_accuracy
     if not others or dense is None:
         return
     band = (dense["accuracy"]["mean"], tuple(dense["accuracy"]["ci95"]))
-    crisp = [(lab, m) for lab, m in others if m["method"] == "crisp"]
-    cost = [(lab, m) for lab, m in others if m["method"] == "cost"]
-    if crisp:
-        others = crisp
-        xs = [m["sparsity"] for _, m in others]
-        groups = [m["schedule"] for _, m in others]
-        fig = plot_accuracy_vs(xs, [m["accuracy"]["mean"] for _, m in others],
-                               [m["accuracy"]["ci95"] for _, m in others], xlabel="sparsity s",
-                               groups=groups, dense=band, title="crisp: accuracy vs sparsity")
-        results.save_figure("accuracy_vs_sparsity.png", fig)
-    if cost:
-        others = cost
-        xs = [m["lam"] for _, m in others]
-        groups = [m["location"] for _, m in others]
-        fig = plot_accuracy_vs(xs, [m["accuracy"]["mean"] for _, m in others],
-                               [m["accuracy"]["ci95"] for _, m in others], xlabel="λ",
-                               groups=groups, dense=band, log_x=True,
-                               title="cost incentive: accuracy vs λ")
-        results.save_figure("accuracy_vs_lambda.png", fig)
+    # (method, x key, group key, x label, log x, title, file)
+    panels = [("crisp", "sparsity", "schedule", "sparsity s", False,
+               "crisp: accuracy vs sparsity", "accuracy_vs_sparsity.png"),
+              ("cost", "lam", "location", "λ", True,
+               "cost incentive: accuracy vs λ", "accuracy_vs_lambda.png")]
+    for method, x, group, xlabel, log_x, title, name in panels:
+        rows = [m for _, m in others if m["method"] == method]
+        if not rows:
+            continue
+        fig = plot_accuracy_vs([m[x] for m in rows], [m["accuracy"]["mean"] for m in rows],
+                               [m["accuracy"]["ci95"] for m in rows], xlabel=xlabel,
+                               groups=[m[group] for m in rows], dense=band, log_x=log_x,
+                               title=title)
+        results.save_figure(name, fig)
 
 
 def run(cfg: SweepConfig, results: ResultsDir) -> dict:

@@ -62,10 +62,8 @@ def ffn_modules(model: nn.Module, suffixes: tuple[str, ...] = FFN_SUFFIXES) -> l
 
 
 def _matches(model: nn.Module) -> bool:
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        return False
+    from transformers import PreTrainedModel
+
     return (isinstance(model, PreTrainedModel) and hasattr(model, "set_attn_implementation")
             and bool(attention_modules(model)))
 

@@ -162,10 +162,8 @@ def parse_schedule(
 # ----------------------------------------------------------------------------- model anatomy
 def _family(model: nn.Module) -> str | None:
     """'bert' (BERT, MiniLM, RoBERTa: same layer anatomy) or 'distilbert'; None otherwise."""
-    try:
-        from transformers import BertModel, DistilBertModel, RobertaModel
-    except ImportError:  # pragma: no cover
-        return None
+    from transformers import BertModel, DistilBertModel, RobertaModel
+
     base = getattr(model, "base_model", None)
     if isinstance(base, (BertModel, RobertaModel)):
         return None if base.config.is_decoder else "bert"

@@ -6,7 +6,7 @@
 Parses the options into :class:`attnprune.synthetic.run.SyntheticConfig` (bad values stop here,
 naming the field, before any work), sets the torch thread count (the caller's choice, so here
 and not at import), runs :func:`attnprune.synthetic.run.run_experiment` into the results folder,
-prints the Table-2-like table and builds ``report.html`` when the report module is available.
+prints the Table-2-like table and builds ``report.html``.
 ``--quick`` is a smoke run (small data, 2 epochs, 2 seeds) with the same code path.
 """
 
@@ -76,12 +76,9 @@ def main(argv: list[str] | None = None) -> int:
           f"this process {time.process_time() - c0:.1f} s, worker processes "
           f"{kids.ru_utime + kids.ru_stime - k0:.1f} s; {cfg.workers} worker process(es) × "
           f"{cfg.threads} thread(s)")
-    try:
-        from ..report import build
-    except ImportError:
-        build = None
-    if build is not None:
-        build(run_dir)
-        print(f"report → {run_dir / 'report.html'}")
+    from ..report import build
+
+    build(run_dir)
+    print(f"report → {run_dir / 'report.html'}")
     print(f"results → {run_dir}")
     return 0

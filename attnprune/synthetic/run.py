@@ -382,9 +382,11 @@ def measure_efficiency(cfg: SyntheticConfig, results: ResultsDir, runs: list[Run
         model.eval()
         models[run.label] = model
         torch.manual_seed(0)
+        counts: list[torch.Tensor] = []  # kept tokens per row, from the counted forwards
         with torch.no_grad():
-            kept = float(torch.cat([model(b).keep.sum(1) for b in batches]).float().mean())
-            flops = sum(count_flops(model, b) for b in batches)
+            flops = sum(count_flops(lambda b=b, m=model: counts.append(m(b).keep.sum(1)))
+                        for b in batches)
+        kept = float(torch.cat(counts).float().mean())
         calls[run.label] = lambda m=model: m(first)
         if model.gate is not None:  # the gate's share: scoring + top-k + gather on X⁽¹⁾
             mask = torch.ones(first.shape, dtype=torch.bool)
