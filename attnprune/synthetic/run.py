@@ -384,7 +384,7 @@ def measure_efficiency(cfg: SyntheticConfig, results: ResultsDir, runs: list[Run
         torch.manual_seed(0)
         counts: list[torch.Tensor] = []  # kept tokens per row, from the counted forwards
         with torch.no_grad():
-            flops = sum(count_flops(lambda b=b, m=model: counts.append(m(b).keep.sum(1)))
+            flops = sum(count_flops(lambda b=b, m=model, c=counts: c.append(m(b).keep.sum(1)))
                         for b in batches)
         kept = float(torch.cat(counts).float().mean())
         calls[run.label] = lambda m=model: m(first)
