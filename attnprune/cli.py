@@ -21,6 +21,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("reproduce", "attention"): ("attnprune.experiments.attention_sweeps:main",
                                  "crisp sparsity and compute-cost λ sweeps vs dense (MiniLM, tweets)"),
     ("finetune",): ("attnprune.finetune:main", "fine-tune and evaluate an HF encoder with a method"),
+    ("pareto",): ("attnprune.pareto:main",
+                  "accuracy–latency front: full, layer-drop, int8, token pruning, composed"),
     ("lm",): ("attnprune.lm:main", "train / evaluate a causal LM (GPT-2 family) with a method"),
     ("bench", "encoder"): ("attnprune.bench.encoder:main", "speed and FLOPs of token pruning on an encoder"),
     ("bench", "attention"): ("attnprune.bench.attention:main", "speed of attention-level methods"),

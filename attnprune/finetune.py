@@ -38,7 +38,7 @@ import yaml
 
 from . import api
 from .config import parse_command_line, to_dict
-from .measure import count_flops, env_info, time_fn
+from .measure import count_flops, env_info, time_fn, time_interleaved
 from .results import ResultsDir
 from .selection import check_keep_ratio
 
@@ -61,6 +61,8 @@ class FinetuneConfig:
     schedule: str = "single"  # single | geometric | [r_1, r_2, ...] (cumulative per layer)
     method_options: dict = field(default_factory=dict)  # JSON/YAML mapping passed to patch()
     init_from: str | None = None  # folder with a fine-tuned full model (model.safetensors)
+    layers: int | None = None  # keep the first N encoder layers (the layer-drop baseline)
+    int8: bool = False  # also score a dynamic-int8 copy of each trained model (label "+int8")
     epochs: int = 1  # 0: no training, score the --init-from model pruned as it is
     lr: float = 5e-5
     batch_size: int = 16
@@ -128,6 +130,8 @@ class FinetuneConfig:
                 find_weights(self.init_from)  # the folder must hold a model, before any work
             except FileNotFoundError as e:
                 raise ValueError(str(e)) from None
+        if self.layers is not None and self.layers < 1:
+            raise ValueError(f"layers must be ≥ 1, got {self.layers}")
         if self.epochs == 0 and self.init_from is None:
             raise ValueError("epochs: 0 (evaluation only) needs a trained model; give --init-from")
         if self.data.startswith(("csv:", "jsonl:", "tweets:")) and not Path(
@@ -246,13 +250,15 @@ def _proxy_flops(cfg, batch_shape: tuple[int, int], padded_per_layer: list[float
 
 def evaluate(model, loader, *, reference: bool = False, full_flops: int | None = None,
              timing_batches: int = 0, timing_repeats: int = 5, progress: bool = True,
-             desc: str = "eval") -> dict:
+             desc: str = "eval", full_model=None, count: bool = True) -> dict:
     """Score ``model`` on ``loader`` batch by batch, counting FLOPs of each forward.
 
     Relative FLOPs are against ``full_flops`` (the full model's count measured on the same
     batches, e.g. by an earlier call with the patch disabled) or, with ``reference=True``, the
-    full forward is counted here too. Returns metrics and arrays ``y_true``, ``y_pred``,
-    ``probs``.
+    full forward is counted here too. ``full_model``: the reference for relative wall time when
+    it is another model (a layer-dropped or int8 ``model``), timed interleaved with it;
+    ``count=False`` skips FLOPs counting (int8 kernels are not counted). Returns metrics and
+    arrays ``y_true``, ``y_pred``, ``probs``.
     """
     from sklearn.metrics import f1_score, roc_auc_score
     from tqdm.auto import tqdm
@@ -270,7 +276,10 @@ def evaluate(model, loader, *, reference: bool = False, full_flops: int | None =
             def fwd(inp=inputs):
                 out["logits"] = model(**inp).logits
 
-            flops += count_flops(fwd)
+            if count:
+                flops += count_flops(fwd)
+            else:
+                fwd()
             probs.append(out["logits"].float().softmax(-1).numpy())
             ys.append(batch["labels"].numpy())
             shape = tuple(batch["input_ids"].shape)
@@ -313,18 +322,27 @@ def evaluate(model, loader, *, reference: bool = False, full_flops: int | None =
         res["flops"]["full_measured"] = flops_full
         res["flops"]["relative"] = flops / flops_full if flops_full else None
     if timing_batches and batches:
-        res["time"] = _time(model, state, batches, timing_repeats)
+        res["time"] = _time(model, state, batches, timing_repeats, full_model)
     return {**res, "y_true": y, "y_pred": pred, "probs": p}
 
 
-def _time(model, state, batches, repeats: int) -> dict:
-    """Median wall time of the batches, pruned and (when patched) full, in this process."""
+def _time(model, state, batches, repeats: int, full_model=None) -> dict:
+    """Median wall time of the batches, pruned and (when patched) full, in this process;
+    against ``full_model`` when given (interleaved rounds)."""
 
-    def run():
+    def run(m=model):
         with torch.no_grad():
             for inp in batches:
-                model(**inp)
+                m(**inp)
 
+    if full_model is not None:
+        full_model.eval()
+        t = time_interleaved({"model": run, "full": lambda: run(full_model)}, repeats=repeats,
+                             warmup=1)
+        return {"median_s": t["model"].median_s, "mad_s": t["model"].mad_s,
+                "threads": t["model"].threads, "batches": len(batches),
+                "full_median_s": t["full"].median_s, "full_mad_s": t["full"].mad_s,
+                "relative": t["model"].median_s / t["full"].median_s}
     t = time_fn(run, repeats=repeats, warmup=1)
     out = {"median_s": t.median_s, "mad_s": t.mad_s, "threads": t.threads,
            "batches": len(batches)}
@@ -358,10 +376,15 @@ def _patch(model, cfg: FinetuneConfig, rho: float):
 
 
 def _label(cfg: FinetuneConfig, rho: float) -> str:
+    depth = "" if cfg.layers is None else f"layers={cfg.layers}"
+    if cfg.method == FULL:
+        return depth or FULL
+    return f"{depth}+{_method_label(cfg, rho)}" if depth else _method_label(cfg, rho)
+
+
+def _method_label(cfg: FinetuneConfig, rho: float) -> str:
     from . import registry
 
-    if cfg.method == FULL:
-        return FULL
     if registry.get(cfg.method).kind != "token":
         opts = ",".join(f"{k}={v}" for k, v in sorted(cfg.method_options.items()))
         return f"{cfg.method}[{opts}]" if opts else cfg.method
@@ -399,12 +422,16 @@ def run(cfg: FinetuneConfig, results: ResultsDir) -> dict:
                     teacher, _ = load_model(cfg.model, data.n_classes)
                     load_weights(teacher, find_weights(cfg.init_from, seed))
                     teacher.eval()
+            if cfg.layers is not None:
+                from .baselines import keep_first_layers
+
+                keep_first_layers(model, cfg.layers)
             _patch(model, cfg, rho)
             test = _loader(data.test, tok, cfg.eval_batch_size, cfg.max_length, False, 0, cfg.max_test)
             val = _loader(data.val, tok, cfg.eval_batch_size, cfg.max_length, False, 0, cfg.max_val)
             record: dict = {"label": label, "seed": seed, "keep_ratio": rho, "method": cfg.method}
             full_flops = None
-            if cfg.init_from is not None and cfg.method != FULL:
+            if cfg.init_from is not None and (cfg.method != FULL or cfg.layers is not None):
                 # The full reference: the --init-from model, unpatched, on the same test batches
                 # (scored once per seed; its FLOPs count is the denominator of every ratio).
                 ref = _reference(model, test, cfg, results, seed)
@@ -430,10 +457,26 @@ def run(cfg: FinetuneConfig, results: ResultsDir) -> dict:
                               distill_weight=cfg.distill_weight,
                               distill_temperature=cfg.distill_temperature,
                               on_epoch_end=on_epoch_end, progress=cfg.progress, desc=label)
+            full_model = None
+            if cfg.layers is not None and cfg.init_from is not None:
+                full_model, _ = load_model(cfg.model, data.n_classes)
+                load_weights(full_model, find_weights(cfg.init_from, seed))
             ev = evaluate(model, test, reference=full_flops is None, full_flops=full_flops,
                           timing_batches=cfg.timing_batches,
-                          timing_repeats=cfg.timing_repeats, progress=cfg.progress, desc=f"{label} test")
+                          timing_repeats=cfg.timing_repeats, progress=cfg.progress, desc=f"{label} test",
+                          full_model=full_model)
             results.save_predictions(label, seed, ev["y_true"], ev["y_pred"], ev["probs"])
+            if cfg.int8:
+                from .deploy import quantize_int8
+
+                q = quantize_int8(model.cpu().eval(), inplace=False)
+                evq = evaluate(q, test, full_flops=None, timing_batches=cfg.timing_batches,
+                               timing_repeats=cfg.timing_repeats, progress=cfg.progress,
+                               desc=f"{label}+int8 test", full_model=full_model or model,
+                               count=False)
+                results.save_predictions(f"{label}+int8", seed, evq["y_true"], evq["y_pred"],
+                                         evq["probs"])
+                record["int8"] = _scalars(evq)
             if cfg.init_from is None and cfg.method != FULL:
                 # No trained full model: the reference is these weights with pruning disabled.
                 state = api.patch_state(model)
@@ -457,6 +500,9 @@ def _reference(model, loader, cfg, results: ResultsDir, seed: int) -> dict:
     name = f"reference__seed{seed}.json"
     if (results.path / name).is_file():
         return results.read_json(name)
+    if cfg.layers is not None:  # the truncated model is not the full one: load the full weights
+        model, _ = load_model(cfg.model, int(model.config.num_labels))
+        load_weights(model, find_weights(cfg.init_from, seed))
     state = api.patch_state(model)
     if state is not None:
         state.enabled = False
@@ -488,6 +534,8 @@ def summarize(cfg: FinetuneConfig, results: ResultsDir) -> dict:
         entries = [(r["label"], r["test"])]
         if "no_retrain" in r:
             entries.append((f"{r['label']}/no-retrain", r["no_retrain"]))
+        if "int8" in r:
+            entries.append((f"{r['label']}+int8", r["int8"]))
         if "reference" in r and r["reference"].get("what") is None:
             entries.append((FULL, {**r["reference"], "flops": {"relative": 1.0}}))
         for label, t in entries:
@@ -572,7 +620,7 @@ def _load_preds(results: ResultsDir) -> dict:
 def _unsafe(stem: str, results: ResultsDir) -> str:
     for p in (results.path / "runs").glob("*.json"):
         r = json.loads(p.read_text())
-        for lab in (r["label"], f"{r['label']}/no-retrain", FULL):
+        for lab in (r["label"], f"{r['label']}/no-retrain", f"{r['label']}+int8", FULL):
             if results._key(lab) == stem:
                 return lab
     return stem
