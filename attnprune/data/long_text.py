@@ -17,7 +17,8 @@ works concatenated, see ``SOURCES.md``):
   Cressida are tragedies; the histories are the ten English history plays (King John to
   Henry VIII). Titles in the file can contradict this ("THE TRAGEDY OF KING RICHARD THE SECOND"
   is a history, "THE HISTORY OF TROILUS AND CRESSIDA" a tragedy); titles never reach the text.
-* Passages: each play from its first "ACT I" heading on (title, dramatis personae, prologues
+* Passages: each play from its first "ACT I" heading on ("ACT I." / "Act 1." / "ACT FIRST"
+  in the file; title, dramatis personae, prologues
   and inductions before it dropped), lines joined with spaces, whitespace normalised (speaker
   names, act / scene headings and stage directions kept), cut into consecutive, non-overlapping
   windows of exactly ``WORDS_PER_PASSAGE`` = 210 whitespace words; the shorter rest is dropped.
