@@ -1,4 +1,5 @@
-"""Text classification data: the offline tweets set, CSV/JSONL files, GLUE via HF ``datasets``.
+"""Text classification data: the offline tweets set, CSV/JSONL files, GLUE via HF ``datasets``;
+long inputs (Shakespeare genre, IMDB) in :mod:`attnprune.data.long_text`.
 
 Specs accepted by :func:`load_text_data`:
 
@@ -11,6 +12,12 @@ Specs accepted by :func:`load_text_data`:
 * ``glue/<task>`` (single-sentence tasks ``sst2``, ``cola``): ``datasets.load_dataset("glue",
   task)`` when online. GLUE's test labels are hidden, so its validation split is our test split
   and our validation split is carved from its train split as below.
+* ``shakespeare_genre`` (``shakespeare_genre:PATH`` for another copy of ``shakespeare.txt``):
+  offline, long inputs (210-word passages, ≥ 256 MiniLM tokens): the First Folio genre
+  (comedy / history / tragedy) of a passage of a play, split by whole plays (a fixed table, not
+  the split below); see :mod:`attnprune.data.long_text`.
+* ``imdb``: ``datasets.load_dataset("imdb")`` when online (25k train / 25k test reviews, 0 =
+  neg, 1 = pos); val is 10 % of train, stratified, as for GLUE.
 
 Fixed split (documented contract): rows are split 80 / 10 / 10 into train / val / test,
 stratified by label, with ``sklearn.model_selection.train_test_split`` and
@@ -142,6 +149,10 @@ def load_text_data(spec: str, text_column: str = "text", label_column: str = "la
         raise ValueError(f"data: expected a dataset spec such as 'tweets' or 'csv:PATH', got {spec!r}")
     if spec.startswith("glue/"):
         return _load_glue(spec[5:])
+    if spec in ("imdb", "shakespeare_genre") or spec.startswith("shakespeare_genre:"):
+        from .long_text import load_long_text  # imports this module: load it on first use
+
+        return load_long_text(spec)
     if spec == "tweets" or spec.startswith("tweets:"):
         path = Path(spec[7:]) if ":" in spec else shared_data_dir() / TWEETS_FILE
         kind, text_column, label_column = "csv", "text", "label"
@@ -149,8 +160,8 @@ def load_text_data(spec: str, text_column: str = "text", label_column: str = "la
         kind, rest = spec.split(":", 1)
         path = Path(rest)
     else:
-        raise ValueError(f"data: unknown dataset {spec!r}; use 'tweets', 'csv:PATH', 'jsonl:PATH' "
-                         "or 'glue/<task>'")
+        raise ValueError(f"data: unknown dataset {spec!r}; use 'tweets', 'csv:PATH', 'jsonl:PATH', "
+                         "'glue/<task>', 'shakespeare_genre', 'shakespeare_genre:PATH' or 'imdb'")
     texts, raw = _columns(_read_rows(path, kind), path, text_column, label_column)
     if len(texts) < 10:
         raise ValueError(f"data: {path} has {len(texts)} usable rows; need at least 10")
