@@ -85,6 +85,7 @@ class ParetoConfig:
     weight_decay: float = 0.01
     distill_weight: float = 0.5
     distill_temperature: float = 2.0
+    mixed_precision: str = "auto"  # training: bf16 autocast on a CUDA GPU, fp32 on CPU
     max_train: int | None = None
     max_test: int | None = None
     layer_drop: tuple[int, ...] = (1, 2, 3, 4, 5)
@@ -156,11 +157,18 @@ class ParetoConfig:
         pts += [{"label": f"layers={n}", "kind": "layers", "layers": n} for n in self.layer_drop]
         for p in self.prune:
             rhos = p.get("keep_ratio", 0.5)
-            for rho in rhos if isinstance(rhos, (list, tuple)) else [rhos]:
+            rhos = list(rhos) if isinstance(rhos, (list, tuple)) else [rhos]
+            if isinstance(p.get("schedule"), (list, tuple)):
+                rhos = rhos[:1]  # the list schedule fixes every layer's ratio: one point
+            for rho in rhos:
                 after = int(p.get("after_layer", 1))
                 sched = p.get("schedule", "single")
-                suffix = "" if sched in (None, "single") else f"/{sched}"
-                pts.append({"label": f"{p['method']}@{rho:g}/L{after}{suffix}", "kind": "prune",
+                if isinstance(sched, (list, tuple)):  # per-layer cumulative keep ratios
+                    label = f"{p['method']}@[{','.join(f'{r:g}' for r in sched)}]"
+                else:
+                    suffix = "" if sched in (None, "single") else f"/{sched}"
+                    label = f"{p['method']}@{rho:g}/L{after}{suffix}"
+                pts.append({"label": label, "kind": "prune",
                             "method": p["method"], "keep_ratio": float(rho), "after_layer": after,
                             "schedule": sched, "options": dict(p.get("options", {}))})
         return pts
@@ -254,7 +262,8 @@ def train_phase(cfg: ParetoConfig, results: ResultsDir, data) -> None:
                 else:
                     history = fit(model, train, epochs=cfg.full_epochs, lr=cfg.full_lr or cfg.lr,
                                   weight_decay=cfg.weight_decay, warmup_ratio=cfg.warmup_ratio,
-                                  progress=cfg.progress, desc=f"{label} s{seed}")
+                                  progress=cfg.progress, desc=f"{label} s{seed}",
+                                  mixed_precision=cfg.mixed_precision)
                     save_weights(model, full_dir)
             else:
                 load_weights(model, full_dir / "model.safetensors")
@@ -272,7 +281,8 @@ def train_phase(cfg: ParetoConfig, results: ResultsDir, data) -> None:
                                   weight_decay=cfg.weight_decay, warmup_ratio=cfg.warmup_ratio,
                                   teacher=teacher, distill_weight=cfg.distill_weight,
                                   distill_temperature=cfg.distill_temperature,
-                                  progress=cfg.progress, desc=f"{label} s{seed}")
+                                  progress=cfg.progress, desc=f"{label} s{seed}",
+                                  mixed_precision=cfg.mixed_precision)
             if record is None:
                 ev = predict(model, test, progress=cfg.progress, desc=f"{label} s{seed} test")
                 results.save_predictions(label, seed, ev["y_true"], ev["y_pred"], ev["probs"])

@@ -62,13 +62,15 @@ def fit(
     on_epoch_end: Callable[[int, nn.Module], dict] | None = None,
     progress: bool = True,
     desc: str = "train",
+    mixed_precision: str = "no",
 ) -> list[dict]:
     """Fine-tune ``model`` on ``train_loader`` (a DataLoader of dicts with input_ids,
     attention_mask, labels); returns one log dict per epoch (mean losses, plus whatever
     ``on_epoch_end(epoch, model)`` returns, e.g. validation metrics).
 
     Bias and LayerNorm weights get no weight decay (the BERT recipe). The method's modules,
-    registered on the model by ``attnprune.patch``, are trained with it.
+    registered on the model by ``attnprune.patch``, are trained with it. ``mixed_precision``
+    ("no", "bf16", or "auto" = bf16 on a CUDA GPU, fp32 on CPU) goes to ``accelerate``.
     """
     from accelerate import Accelerator
     from tqdm.auto import tqdm
@@ -79,7 +81,12 @@ def fit(
             raise ValueError(f"{name} must be ≥ 1, got {v}")
     if not 0 <= distill_weight <= 1:
         raise ValueError(f"distill_weight must be in [0, 1], got {distill_weight}")
-    acc = Accelerator(gradient_accumulation_steps=grad_accum, cpu=not torch.cuda.is_available())
+    if mixed_precision not in ("no", "bf16", "auto"):
+        raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'auto', got {mixed_precision!r}")
+    if mixed_precision == "auto":
+        mixed_precision = "bf16" if torch.cuda.is_available() else "no"
+    acc = Accelerator(gradient_accumulation_steps=grad_accum, cpu=not torch.cuda.is_available(),
+                      mixed_precision=mixed_precision)
     decay, no_decay = [], []
     for n, p in model.named_parameters():
         if p.requires_grad:
@@ -117,4 +124,7 @@ def fit(
             model.eval()
             record.update(on_epoch_end(epoch, acc.unwrap_model(model)) or {})
         history.append(record)
+    # drop accelerate's autocast wrapper of model.forward (mixed precision): evaluation, copies
+    # and int8 quantization after training see the plain model
+    acc.unwrap_model(model, keep_fp32_wrapper=False)
     return history
