@@ -26,8 +26,8 @@ from interleaved rounds, so the load hit all three alike. Max |logit − fp32|: 
 Why ``auto`` = torch.ao: torchao 0.18.0 (the current release, ``pip install torchao``) installs
 with torch 2.13 CPU (it prints that its CUDA kernels ``_C_cutlass_90a`` / ``_C_mxfp8`` fail
 to load) and ``quantize_(model, Int8DynamicActivationInt8WeightConfig())`` runs, but its CPU
-int8 dynamic path is 1.1–1.3× *slower* than fp32 here (it quantizes in Python-level tensor
-subclass ops with no fused CPU int8 GEMM, unless compiled). ``torch.ao.quantization
+int8 dynamic path is 1.1–1.3× *slower* than fp32 here, run eagerly (its int8 tensor
+subclass; ``torch.compile`` was not tried, nor the reason profiled). ``torch.ao.quantization
 .quantize_dynamic`` is deprecated in 2.13 but still works (FBGEMM int8 GEMM) and is 2.4× faster
 than fp32 at both batch sizes, so it is the default; its deprecation warnings are silenced
 inside :func:`quantize_int8` only. torchao stays an option (``backend="torchao"``) and is not
