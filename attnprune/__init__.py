@@ -4,11 +4,14 @@
     attnprune.patch(model, "entropy", keep_ratio=0.5, after_layer=1)
     attnprune.unpatch(model)
     attnprune.list_methods()
+    q = attnprune.quantize_int8(model)   # dynamic int8 of the Linear layers, patch kept
 
 Importing the package has no side effects: no threads set, no files written, no network.
 """
 
 from .api import aux_loss, list_methods, patch, patch_state, unpatch
+from .deploy import quantize_int8
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "aux_loss", "list_methods", "patch", "patch_state", "unpatch"]
+__all__ = ["__version__", "aux_loss", "list_methods", "patch", "patch_state", "quantize_int8",
+           "unpatch"]

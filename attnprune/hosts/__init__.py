@@ -12,6 +12,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -38,6 +39,20 @@ class PatchState:
         if not self.aux_losses:
             return None
         return torch.stack([a.reshape(()) for a in self.aux_losses]).sum()
+
+
+def remove_state_hooks(model: nn.Module, state: PatchState) -> None:
+    """Remove from every module of ``model`` the forward (pre-)hooks that are partials over
+    ``state`` (how the hosts register them, so that deep copies get their own).
+
+    The hosts' handles miss hooks that a module swap moved: ``torch.ao`` quantization's
+    ``swap_module`` re-registers a Linear's hooks on its quantized replacement.
+    """
+    for m in model.modules():
+        for hooks in (m._forward_hooks, m._forward_pre_hooks):
+            for key in [k for k, h in hooks.items()
+                        if isinstance(h, partial) and any(a is state for a in h.args)]:
+                del hooks[key]
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,17 @@
 interface (transformers ≥ 5: BERT, DistilBERT, MiniLM, RoBERTa, GPT-2, …).
 
 How it wires a method in (see ``../shared/HF_NOTES.md``):
-- registers an attention function under a unique name twice, in ``AttentionInterface`` and
-  in ``AttentionMaskInterface`` (with ``sdpa_mask``, so the function receives boolean masks,
-  True = attend, or None), then ``model.set_attn_implementation(name)``; ``unpatch`` restores
-  the previous implementation and removes both registrations;
+- registers one stateless attention function under the name ``IMPL`` twice, in
+  ``AttentionInterface`` and in ``AttentionMaskInterface`` (with ``sdpa_mask``, so the function
+  receives boolean masks, True = attend, or None), then ``model.set_attn_implementation(IMPL)``;
+  ``unpatch`` restores the previous implementation;
 - finds the self-attention modules (modules with ``scaling`` and ``is_causal`` and a config,
-  cross-attention excluded) and numbers them in module order: per-layer state is keyed by that
-  index, looked up by module identity (DistilBERT has no ``layer_idx``);
+  cross-attention excluded), numbers them in module order (DistilBERT has no ``layer_idx``) and
+  puts the patch state on each (``module._attnprune_attention``): the registered function
+  finds the state and the layer number from the module it is called with. A global name bound
+  to one state (a closure, a bound method) would be shared by ``copy.deepcopy`` copies of the
+  model, which then ran the original's method state; reached through the module, the state is
+  copied with the model (hooks are ``functools.partial`` over the state for the same reason);
 - methods that need the layer's hidden state (intensity) get it from a forward pre-hook on the
   attention module; the loss method (cost) gets FFN pre-activations from forward hooks on the
   FFN's first linear layer;
@@ -31,18 +35,21 @@ need_weights) -> (out (B, Tq, H, d), probs (B, H, Tq, Tk) | None)``; class attri
 
 from __future__ import annotations
 
-import itertools
+from functools import partial
 
 import torch
 from torch import nn
 
 from .. import registry
-from . import PatchState, register_host
+from . import PatchState, register_host, remove_state_hooks
 
 METHOD_ATTR = "attnprune_method"
 # FFN first layers (W1 of eq. 2 in the cost paper), by module-name suffix, per model family
 FFN_SUFFIXES = ("intermediate.dense", "ffn.lin1", "mlp.c_fc", "mlp.fc1", "mlp.up_proj")
-_counter = itertools.count()
+# The attention implementation name of every patched model (the function behind it holds no
+# state, so one registration serves every model and every copy, and is never removed).
+IMPL = "attnprune_attention"
+STATE_ATTR = "_attnprune_attention"  # on each numbered attention module: the patch state
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:
@@ -83,11 +90,13 @@ class AttentionPatchState(PatchState):
     """State of an attention/loss patch: the registered name, hooks and per-forward data."""
 
     def __init__(self, method: str, module: nn.Module, impl: str, previous: str,
-                 layers: dict[int, int]) -> None:
+                 layers: dict[nn.Module, int]) -> None:
         super().__init__(method, module)
         self.impl = impl
         self.previous = previous
-        self.layer_of = layers  # id(attention module) → layer index
+        # attention module → layer index (module keys, not ids: a deep copy maps them to the
+        # copy's modules)
+        self.layer_of = layers
         self.handles: list = []
         self.hidden: dict[int, torch.Tensor] = {}
         self.token_mask: torch.Tensor | None = None
@@ -99,7 +108,7 @@ class AttentionPatchState(PatchState):
     def attention_fn(self, module, query, key, value, attention_mask, dropout=0.0,
                      scaling=None, **kwargs):
         """The function HF calls in place of its attention (signature of HF_NOTES.md)."""
-        layer = self.layer_of.get(id(module))
+        layer = self.layer_of.get(module)
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
         if layer is None or not self.enabled:  # stock path (unnumbered module, or disabled)
@@ -114,28 +123,68 @@ class AttentionPatchState(PatchState):
         return out, probs
 
     def unpatch(self, model: nn.Module) -> None:
-        """Remove hooks and registrations, restore the previous attention implementation."""
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface
-
+        """Remove hooks and the state on the attention modules, restore the previous attention
+        implementation (the global registration stays: it holds no state, and copies of the
+        model may still use it)."""
         for h in self.handles:
             h.remove()
         self.handles.clear()
+        remove_state_hooks(model, self)
         model.set_attn_implementation(self.previous)
-        # GeneralInterface has no public unregister; drop our entries so no stale closure lives on
-        AttentionInterface._global_mapping.pop(self.impl, None)
-        AttentionMaskInterface._global_mapping.pop(self.impl, None)
+        for m in self.layer_of:
+            m.__dict__.pop(STATE_ATTR, None)
         if METHOD_ATTR in model._modules:
             del model._modules[METHOD_ATTR]
         self.hidden.clear()
 
 
-@register_host("hf_attention", kinds=("attention", "loss"), matches=_matches)
-def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPatchState:
-    """Patch ``model`` with the attention/loss method ``spec`` (options go to the method)."""
+def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """The function registered under ``IMPL``: the patch state on ``module`` runs it, or the
+    stock SDPA for a module without one (cross-attention, an unpatched copy's leftovers)."""
+    state = module.__dict__.get(STATE_ATTR)
+    if state is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        if scaling is None:
+            scaling = query.shape[-1] ** -0.5
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    return state.attention_fn(module, query, key, value, attention_mask, dropout=dropout,
+                              scaling=scaling, **kwargs)
+
+
+def _register() -> None:
+    """Register ``IMPL`` (idempotent)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+    AttentionInterface.register(IMPL, _attention)
+    AttentionMaskInterface.register(IMPL, sdpa_mask)  # both registrations, or masks are None
+
+
+def _start_forward(state: AttentionPatchState, _mod, args, kwargs) -> None:
+    """Forward pre-hook on the model: clear the last forward's data, record the 2-D mask."""
+    state.aux_losses.clear()
+    state.stats.clear()
+    state.hidden.clear()
+    m = kwargs.get("attention_mask")
+    state.token_mask = m.bool() if isinstance(m, torch.Tensor) and m.dim() == 2 else None
+
+
+def _grab_hidden(state: AttentionPatchState, i: int, _mod, args, kwargs) -> None:
+    """Forward pre-hook on attention module ``i``: its input hidden states."""
+    state.hidden[i] = args[0] if args else kwargs.get("hidden_states")
+
+
+def _penalise(state: AttentionPatchState, _mod, _inp, out) -> None:
+    """Forward hook on an FFN first layer: the cost method's activation term."""
+    if state.enabled:
+        state.aux_losses.append(state.modules.ffn_term(out, state.token_mask))
+
+
+@register_host("hf_attention", kinds=("attention", "loss"), matches=_matches)
+def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPatchState:
+    """Patch ``model`` with the attention/loss method ``spec`` (options go to the method)."""
     attn = attention_modules(model)
     ffn_suffixes = tuple(options.pop("ffn_modules", FFN_SUFFIXES))
     method = registry.create(spec.name, context=_context(model, len(attn)), **options)
@@ -149,33 +198,19 @@ def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPa
     if param is not None:
         method.to(device=param.device)
     previous = model.config._attn_implementation or "eager"
-    impl = f"attnprune_{spec.name}_{next(_counter)}"
-    state = AttentionPatchState(spec.name, method, impl, previous,
-                                {id(m): i for i, m in enumerate(attn)})
-    AttentionInterface.register(impl, state.attention_fn)
-    AttentionMaskInterface.register(impl, sdpa_mask)  # both registrations, or masks are None
-    model.set_attn_implementation(impl)
+    state = AttentionPatchState(spec.name, method, IMPL, previous,
+                                {m: i for i, m in enumerate(attn)})
+    _register()
+    model.set_attn_implementation(IMPL)
+    for m in attn:
+        m.__dict__[STATE_ATTR] = state  # plain attribute: not a submodule, not saved
     model.add_module(METHOD_ATTR, method)
-
-    def start_forward(_mod, args, kwargs):
-        state.aux_losses.clear()
-        state.stats.clear()
-        state.hidden.clear()
-        m = kwargs.get("attention_mask")
-        state.token_mask = m.bool() if isinstance(m, torch.Tensor) and m.dim() == 2 else None
-
-    state.handles.append(model.register_forward_pre_hook(start_forward, with_kwargs=True))
+    state.handles.append(model.register_forward_pre_hook(partial(_start_forward, state),
+                                                         with_kwargs=True))
     if method.needs_hidden:
         for i, m in enumerate(attn):
-            def grab(_mod, args, kwargs, i=i):
-                x = args[0] if args else kwargs.get("hidden_states")
-                state.hidden[i] = x
-            state.handles.append(m.register_forward_pre_hook(grab, with_kwargs=True))
+            state.handles.append(m.register_forward_pre_hook(partial(_grab_hidden, state, i),
+                                                             with_kwargs=True))
     for lin in ffn:
-        def penalise(_mod, _inp, out):
-            if not state.enabled:
-                return
-            tm = state.token_mask
-            state.aux_losses.append(method.ffn_term(out, tm))
-        state.handles.append(lin.register_forward_hook(penalise))
+        state.handles.append(lin.register_forward_hook(partial(_penalise, state)))
     return state

@@ -51,6 +51,7 @@ batch whose lengths change between its blocks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +62,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttenti
 
 from .. import registry
 from ..selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
-from . import PatchState, register_host
+from . import PatchState, register_host, remove_state_hooks
 
 __all__ = ["CausalPatchState", "PrunedGPT2Model", "causal_methods"]
 
@@ -326,6 +327,7 @@ class CausalPatchState(PatchState):
                 del g.__dict__["_attnprune_state"]
         if self._hook is not None:
             self._hook.remove()
+        remove_state_hooks(model, self)
 
     def policy_loss(self, logits: Tensor, labels: Tensor) -> Tensor | None:
         """REINFORCE loss of the last forward's actions (DTR eq.: L_policy), or None."""
@@ -341,15 +343,17 @@ class CausalPatchState(PatchState):
         return self.method_module.reinforce_loss(self.actions, lm_seq.detach())
 
 
-def _policy_hook(state: CausalPatchState):
-    def hook(module, args, kwargs, output):
-        labels = kwargs.get("labels")
-        if module.training and labels is not None and state.actions:
-            loss = state.policy_loss(output.logits, labels)
-            if loss is not None:
-                state.aux_losses.append(loss)
+def _policy_hook(state: CausalPatchState, module, args, kwargs, output) -> None:
+    """Forward hook on the LM-head model: the REINFORCE loss when ``labels`` are given.
 
-    return hook
+    Registered as ``partial(_policy_hook, state)``, not a closure: ``copy.deepcopy`` copies a
+    partial's arguments with the model's memo, so a copy's hook feeds the copy's state.
+    """
+    labels = kwargs.get("labels")
+    if module.training and labels is not None and state.actions:
+        loss = state.policy_loss(output.logits, labels)
+        if loss is not None:
+            state.aux_losses.append(loss)
 
 
 def _is_gpt2(model: nn.Module) -> bool:
@@ -398,7 +402,7 @@ def patch(model: nn.Module, spec, keep_ratio: float | None = None, layers=None,
     g.__dict__["_attnprune_state"] = state  # plain attribute: not a submodule, not saved
     g.__class__ = _pruned_class(type(g))
     if g is not model:
-        state._hook = model.register_forward_hook(_policy_hook(state), with_kwargs=True)
+        state._hook = model.register_forward_hook(partial(_policy_hook, state), with_kwargs=True)
     return state
 
 

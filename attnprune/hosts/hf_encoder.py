@@ -62,9 +62,9 @@ from __future__ import annotations
 
 import math
 import time
-import types
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -72,7 +72,7 @@ from torch import Tensor, nn
 from .. import registry
 from ..methods.base import protect_first
 from ..selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
-from . import PatchState, register_host
+from . import PatchState, register_host, remove_state_hooks
 
 __all__ = ["GROUP_OVERHEAD_TOKENS", "HFEncoderState", "parse_schedule", "patch_hf_encoder"]
 
@@ -232,6 +232,7 @@ class HFEncoderState(PatchState):
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        remove_state_hooks(model, self)
         if "forward" in self.encoder.__dict__:
             del self.encoder.forward
         if hasattr(model, "attnprune_method"):
@@ -308,47 +309,50 @@ class _Pass:
     padded: list[int]  # token slots layer l computes, summed over groups
 
 
-def _pruned_forward(state: HFEncoderState, original):
-    """The replacement encoder forward (bound to the encoder instance)."""
+def _pruned_forward(state: HFEncoderState, original, hidden_states, attention_mask=None,
+                    *args, **kwargs):
+    """The replacement encoder forward, set on the encoder as
+    ``partial(_pruned_forward, state, original forward)``.
 
-    def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
-        if not state.enabled:
-            return original(hidden_states, attention_mask, *args, **kwargs)
-        if args or kwargs.get("encoder_hidden_states") is not None:
-            raise ValueError("hf_encoder: cross-attention (encoder_hidden_states) is not supported")
-        kwargs.pop("encoder_attention_mask", None)
-        kwargs.pop("past_key_values", None)
-        kwargs.pop("use_cache", None)
-        training = self.training
-        state.aux_losses = []
-        state.scorer_time_s = state.select_time_s = state.gather_time_s = 0.0
-        B, L, _ = hidden_states.shape
-        mask = _key_mask(attention_mask, B, L, hidden_states.device)  # (B, L) real tokens
-        real = int(mask.sum())
-        n = len(state.layers)
-        method = state.modules
-        # Row bucketing at inference only: training keeps one padded batch (soft masks, and
-        # losses over the batch).
-        run = _Pass(method=method, training=training,
-                    rows=getattr(method, "attention_rows", "all"),
-                    labels=state.labels if training else None, kwargs=kwargs,
-                    bucket=state.bucket_rows and not training, kept=[0.0] * n, padded=[0] * n)
-        index = torch.arange(L, device=mask.device).expand(B, L)  # original positions
-        full = hidden_states if state.output == "scatter" else None
-        hidden_states, _ = _layers(state, run, 0, hidden_states, mask, attention_mask, index, full)
-        kept = run.kept
-        state.stats = {
-            "real_tokens": real,
-            "kept_per_layer": kept,
-            "padded_per_layer": run.padded,
-            "kept_ratio": sum(kept) / max(n * real, 1),
-            "attention_time_s": state.scorer_time_s,  # A⁽ˡ⁾ for the scorer
-            "select_time_s": state.select_time_s,  # A⁽ˡ⁾ + the method's scoring and top-k
-            "gather_time_s": state.gather_time_s,  # gather, scatter, the new masks, groups
-        }
-        return state.output_cls(last_hidden_state=hidden_states)
-
-    return forward
+    A partial, not a closure: ``copy.deepcopy`` (which ``torch.ao`` quantization calls) copies
+    a partial's arguments with the model's memo, so a copy's forward reaches the copy's state,
+    layers and original forward; a closure would be shared and run the original's layers.
+    """
+    if not state.enabled:
+        return original(hidden_states, attention_mask, *args, **kwargs)
+    if args or kwargs.get("encoder_hidden_states") is not None:
+        raise ValueError("hf_encoder: cross-attention (encoder_hidden_states) is not supported")
+    kwargs.pop("encoder_attention_mask", None)
+    kwargs.pop("past_key_values", None)
+    kwargs.pop("use_cache", None)
+    training = state.encoder.training
+    state.aux_losses = []
+    state.scorer_time_s = state.select_time_s = state.gather_time_s = 0.0
+    B, L, _ = hidden_states.shape
+    mask = _key_mask(attention_mask, B, L, hidden_states.device)  # (B, L) real tokens
+    real = int(mask.sum())
+    n = len(state.layers)
+    method = state.modules
+    # Row bucketing at inference only: training keeps one padded batch (soft masks, and
+    # losses over the batch).
+    run = _Pass(method=method, training=training,
+                rows=getattr(method, "attention_rows", "all"),
+                labels=state.labels if training else None, kwargs=kwargs,
+                bucket=state.bucket_rows and not training, kept=[0.0] * n, padded=[0] * n)
+    index = torch.arange(L, device=mask.device).expand(B, L)  # original positions
+    full = hidden_states if state.output == "scatter" else None
+    hidden_states, _ = _layers(state, run, 0, hidden_states, mask, attention_mask, index, full)
+    kept = run.kept
+    state.stats = {
+        "real_tokens": real,
+        "kept_per_layer": kept,
+        "padded_per_layer": run.padded,
+        "kept_ratio": sum(kept) / max(n * real, 1),
+        "attention_time_s": state.scorer_time_s,  # A⁽ˡ⁾ for the scorer
+        "select_time_s": state.select_time_s,  # A⁽ˡ⁾ + the method's scoring and top-k
+        "gather_time_s": state.gather_time_s,  # gather, scatter, the new masks, groups
+    }
+    return state.output_cls(last_hidden_state=hidden_states)
 
 
 def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask: Tensor,
@@ -537,22 +541,22 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     model.add_module("attnprune_method", method)  # trained and saved with the model
     if method.needs_attention:
         for q_lin, k_lin in qk:
-            state._handles.append(q_lin.register_forward_hook(_capture_pair(state, "q", q_lin)))
-            state._handles.append(k_lin.register_forward_hook(_capture_pair(state, "k", q_lin)))
-
-    def grab_labels(module, args, kwargs):
-        state.labels = kwargs.get("labels")
-
-    state._handles.append(model.register_forward_pre_hook(grab_labels, with_kwargs=True))
-    encoder.forward = types.MethodType(_pruned_forward(state, encoder.forward), encoder)
+            state._handles.append(q_lin.register_forward_hook(partial(_capture, state, "q", q_lin)))
+            state._handles.append(k_lin.register_forward_hook(partial(_capture, state, "k", q_lin)))
+    # Hooks and the forward are partials over the state (see _pruned_forward): deep copies of
+    # the model get their own.
+    state._handles.append(model.register_forward_pre_hook(partial(_grab_labels, state),
+                                                          with_kwargs=True))
+    encoder.forward = partial(_pruned_forward, state, encoder.forward)
     return state
 
 
-def _capture_pair(state: HFEncoderState, name: str, owner_q: nn.Module):
+def _grab_labels(state: HFEncoderState, module, args, kwargs) -> None:
+    """Forward pre-hook on the model: the labels of this forward, for methods that read them."""
+    state.labels = kwargs.get("labels")
+
+
+def _capture(state: HFEncoderState, name: str, owner_q: nn.Module, module, args, output) -> None:
     """Forward hook storing the output of a query/key linear when its layer is being scored."""
-
-    def hook(module, args, output):
-        if state.enabled and state._want is owner_q:
-            state._captured[name] = output
-
-    return hook
+    if state.enabled and state._want is owner_q:
+        state._captured[name] = output
