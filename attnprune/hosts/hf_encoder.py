@@ -74,18 +74,30 @@ from ..methods.base import protect_first
 from ..selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
 from . import PatchState, register_host
 
-__all__ = ["GROUP_OVERHEAD_TOKENS", "HFEncoderState", "parse_schedule", "patch_hf_encoder"]
+__all__ = ["GROUP_OVERHEAD_PER_THREAD", "GROUP_OVERHEAD_TOKENS", "HFEncoderState", "group_overhead_tokens",
+           "parse_schedule", "patch_hf_encoder"]
 
-# Cost of one more group of rows, in token slots per layer (the c of selection.row_groups).
-# Measured on MiniLM-L6 (d = 384, d_ff = 1536), 1 thread, one BertLayer call with a padded
-# mask, interleaved timing of b ∈ {1, 2, 4, 8, 16} rows × K ∈ {8, …, 64} slots: per b a line
-# t ≈ 340–450 µs + 39.5–41.5 µs per slot, i.e. 8–11.5 slots fixed per layer call. A group's
-# own slicing, new mask and write-back cost ≈ 310 µs ≈ 9 slots once, ≈ 2.5 per layer over the
-# 4 layers left after a prune at layer 2. c = 12 is their sum. On the trained MiniLM/tweets LTP
-# models (ρ 0.3–0.75, after layer 2, batch 32, 1 thread) wall time varies by ≤ 4 % over
-# c ∈ [8, 64] (c = 32 lowest by 1–4 %, about the timing noise; it counts 2.5 % more FLOPs than
-# c = 12) and is 13–16 % higher at c = 0 (many one-row groups).
-GROUP_OVERHEAD_TOKENS = 12
+# Cost of one more group of rows, in token slots per layer (the c of selection.row_groups):
+# c = GROUP_OVERHEAD_PER_THREAD · (torch threads), unless GROUP_OVERHEAD_TOKENS is set.
+# Measured on MiniLM-L6 (d = 384, d_ff = 1536), one BertLayer call with a padded mask,
+# interleaved timing of b ∈ {1, …, 32} rows × K ∈ {8, …, 64} slots, fit t = a + s·(b·K):
+# 1 thread a ≈ 340–650 µs, s ≈ 37–40 µs (a ≈ 10–18 slots); 2 threads a ≈ 850–1200 µs,
+# s ≈ 21.6 µs (a ≈ 40–56 slots): the per-slot cost halves with a second thread, the fixed
+# per-call cost (weights read once per call, thread start-up) does not. A group's own slicing,
+# new mask and write-back add ≈ 2.5 slots per layer at 1 thread. So c ≈ 20–24 at 1 thread and
+# ≈ 45–60 at 2; c = 24 per thread. On tweets (batch 32, 2 threads, attention_mass ρ = 0.5
+# after layer 2, file order) the old fixed c = 12 gave 5.3 groups and wall 0.72 of the full
+# model; c = 48 gave 0.63 (c = 96: 0.62, no bucketing: 0.68). Beyond 2 threads (not measured
+# here: 2 cores) the same reasoning extrapolates linearly.
+GROUP_OVERHEAD_PER_THREAD = 24
+GROUP_OVERHEAD_TOKENS: float | None = None  # a fixed c overrides the per-thread rule (tests)
+
+
+def group_overhead_tokens() -> float:
+    """c for :func:`attnprune.selection.row_groups` at the current torch thread count."""
+    if GROUP_OVERHEAD_TOKENS is not None:
+        return GROUP_OVERHEAD_TOKENS
+    return GROUP_OVERHEAD_PER_THREAD * torch.get_num_threads()
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -410,7 +422,7 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
             mask4d = _additive(mask, soft_total, hidden.dtype)[:, None, None, :]
         else:
             if run.bucket and hidden.shape[0] > 1:
-                groups = row_groups(mask.sum(1), GROUP_OVERHEAD_TOKENS)
+                groups = row_groups(mask.sum(1), group_overhead_tokens())
                 if len(groups) > 1:
                     state.gather_time_s += time.perf_counter() - t1
                     return _grouped(state, run, i + 1, groups, hidden, mask, index, full)
