@@ -499,14 +499,16 @@ def _additive(mask: Tensor, soft: Tensor | None, dtype) -> Tensor:
 # ----------------------------------------------------------------------------- the host
 @register_host("hf_encoder", kinds=("token",), matches=lambda m: _family(m) is not None)
 def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float] = 0.5,
-                     after_layer: int = 1, schedule=None, output: str = "scatter",
+                     after_layer: int = 1, schedule=None, output: str = "auto",
                      soft_mode: str = "bias", scorer_queries: int = 0,
                      bucket_rows: bool = True, **method_options) -> HFEncoderState:
     """Patch a BERT / MiniLM / RoBERTa / DistilBERT model (or its ``*ForSequenceClassification``)
     with token method ``spec``.
 
     ``keep_ratio`` ρ, ``after_layer`` and ``schedule`` go through :func:`parse_schedule`;
-    ``output`` ∈ {"scatter", "short"}; ``soft_mode`` ∈ {"bias", "multiply"} (training only);
+    ``output`` ∈ {"auto", "scatter", "short"} ("auto", default: "short" for the
+    ``*ForSequenceClassification`` models, whose heads read only position 0 and never return
+    the encoder's states, "scatter" otherwise: :func:`_auto_output`); ``soft_mode`` ∈ {"bias", "multiply"} (training only);
     ``scorer_queries`` S > 0 estimates attention received from S evenly spaced query rows
     (0 = exact, all rows; costs one extra L×L attention at the pruning layer);
     ``bucket_rows`` (default True): at inference, after a gather, run the later layers on
@@ -516,13 +518,15 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     """
     if not isinstance(bucket_rows, bool):
         raise ValueError(f"bucket_rows must be True or False, got {bucket_rows!r}")  # noqa: TRY004 (patch() contract: ValueError)
-    if output not in ("scatter", "short"):
-        raise ValueError(f"output must be 'scatter' or 'short', got {output!r}")
+    if output not in ("auto", "scatter", "short"):
+        raise ValueError(f"output must be 'auto', 'scatter' or 'short', got {output!r}")
     if isinstance(scorer_queries, bool) or not isinstance(scorer_queries, int) or scorer_queries < 0:
         raise ValueError(f"scorer_queries must be an integer ≥ 0, got {scorer_queries!r}")
     if soft_mode not in ("bias", "multiply"):
         raise ValueError(f"soft_mode must be 'bias' or 'multiply', got {soft_mode!r}")
     family, encoder, layers, qk = _anatomy(model)
+    if output == "auto":
+        output = _auto_output(model)
     cfg = model.config
     n_layers = len(layers)
     sched = parse_schedule(keep_ratio, n_layers, after_layer, schedule)
@@ -558,6 +562,25 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     state._handles.append(model.register_forward_pre_hook(grab_labels, with_kwargs=True))
     encoder.forward = types.MethodType(_pruned_forward(state, encoder.forward), encoder)
     return state
+
+
+def _auto_output(model: nn.Module) -> str:
+    """"short" when the model's head reads only position 0 of the encoder output (CLS, kept
+    at position 0 by every gather) and its output has no per-token states: BERT's pooler,
+    RoBERTa's classification head and DistilBERT's pre-classifier all read ``hidden[:, 0]``,
+    and ``SequenceClassifierOutput`` does not return ``last_hidden_state``. Scattering the
+    kept tokens back to (B, L, d) would then be two (B, L, d) copies nobody reads. Any other
+    model (the bare encoder, token classification, ...) gets "scatter", the stock shape."""
+    from transformers import (
+        BertForSequenceClassification,
+        DistilBertForSequenceClassification,
+        RobertaForSequenceClassification,
+    )
+
+    # exact types: a subclass may read other positions
+    heads = (BertForSequenceClassification, DistilBertForSequenceClassification,
+             RobertaForSequenceClassification)
+    return "short" if type(model) in heads else "scatter"
 
 
 def _capture_pair(state: HFEncoderState, name: str, owner_q: nn.Module):
