@@ -13,7 +13,8 @@ For each seed and each keep ratio ρ (``--keep-ratio 0.3,0.5``), one run:
   3. fine-tune with :func:`attnprune.train.fit` (evaluation on the val split after each epoch);
   4. evaluate on the test split: accuracy, AUC, macro F1, kept ratio, FLOPs counted by
      ``count_flops`` on every test batch for the pruned and the full model (same batches, same
-     padding), wall time by ``time_interleaved`` (pruned and full round-robin) on the first ``timing_batches`` batches, in one process.
+     padding), wall time by ``time_interleaved`` (pruned and full round-robin) on the first
+     ``timing_batches`` batches, in one process.
 
 The full reference (label ``full``) is the ``--init-from`` model when given, else the same
 weights with the patch disabled (then its accuracy is not a trained full model: the summary
