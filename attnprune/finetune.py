@@ -13,7 +13,8 @@ For each seed and each keep ratio ρ (``--keep-ratio 0.3,0.5``), one run:
   3. fine-tune with :func:`attnprune.train.fit` (evaluation on the val split after each epoch);
   4. evaluate on the test split: accuracy, AUC, macro F1, kept ratio, FLOPs counted by
      ``count_flops`` on every test batch for the pruned and the full model (same batches, same
-     padding), wall time by ``time_fn`` on the first ``timing_batches`` batches, in one process.
+     padding), wall time by ``time_interleaved`` (pruned and full round-robin) on the first
+     ``timing_batches`` batches, in one process.
 
 The full reference (label ``full``) is the ``--init-from`` model when given, else the same
 weights with the patch disabled (then its accuracy is not a trained full model: the summary
@@ -327,8 +328,10 @@ def evaluate(model, loader, *, reference: bool = False, full_flops: int | None =
 
 
 def _time(model, state, batches, repeats: int, full_model=None) -> dict:
-    """Median wall time of the batches, pruned and (when patched) full, in this process;
-    against ``full_model`` when given (interleaved rounds)."""
+    """Median wall time of the batches, pruned and full, in this process, timed round-robin
+    (:func:`time_interleaved`: timing one after the other put the two in different stretches
+    of a noisy machine; a user's 2-thread tweet run read 0.80). The full model is ``model``
+    with its patch disabled, or ``full_model`` when given (a layer-dropped or int8 model)."""
 
     def run(m=model):
         with torch.no_grad():
@@ -337,26 +340,26 @@ def _time(model, state, batches, repeats: int, full_model=None) -> dict:
 
     if full_model is not None:
         full_model.eval()
-        t = time_interleaved({"model": run, "full": lambda: run(full_model)}, repeats=repeats,
-                             warmup=1)
-        return {"median_s": t["model"].median_s, "mad_s": t["model"].mad_s,
-                "threads": t["model"].threads, "batches": len(batches),
-                "full_median_s": t["full"].median_s, "full_mad_s": t["full"].mad_s,
-                "relative": t["model"].median_s / t["full"].median_s}
-    t = time_fn(run, repeats=repeats, warmup=1)
-    out = {"median_s": t.median_s, "mad_s": t.mad_s, "threads": t.threads,
-           "batches": len(batches)}
-    if state is not None and state.enabled:
-        state.enabled = False
-        try:
-            tf = time_fn(run, repeats=repeats, warmup=1)
-        finally:
-            state.enabled = True
-        out.update(full_median_s=tf.median_s, full_mad_s=tf.mad_s,
-                   relative=t.median_s / tf.median_s)
+
+        def full():
+            run(full_model)
+    elif state is None or not state.enabled:
+        t = time_fn(run, repeats=repeats, warmup=1)
+        return {"median_s": t.median_s, "mad_s": t.mad_s, "threads": t.threads,
+                "batches": len(batches), "relative": 1.0}
     else:
-        out["relative"] = 1.0
-    return out
+        def full():
+            state.enabled = False
+            try:
+                run()
+            finally:
+                state.enabled = True
+
+    ts = time_interleaved({"pruned": run, "full": full}, repeats=repeats, warmup=1)
+    t, tf = ts["pruned"], ts["full"]
+    return {"median_s": t.median_s, "mad_s": t.mad_s, "threads": t.threads,
+            "batches": len(batches), "full_median_s": tf.median_s, "full_mad_s": tf.mad_s,
+            "relative": t.median_s / tf.median_s}
 
 
 # ----------------------------------------------------------------------------- one run

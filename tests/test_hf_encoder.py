@@ -289,3 +289,27 @@ def test_sampled_scorer_queries():
     assert torch.corrcoef(torch.stack([out[6].scores[real], out[0].scores[real]]))[0, 1] > 0.5
     with pytest.raises(ValueError, match="scorer_queries"):
         attnprune.patch(model, "attention_mass", scorer_queries=-1)
+
+
+@pytest.mark.parametrize("kind", ["bert", "distilbert", "roberta", "bert_model"])
+def test_auto_output_skips_scatter_only_for_cls_heads(kind):
+    """output="auto" (default) is "short" for the sequence classifiers (their heads read only
+    position 0 and never return the encoder states) with logits identical to "scatter"; the
+    bare encoder keeps the stock (B, L, d) shape."""
+    model = make(kind)
+    ids, am = batch()
+    outs = {}
+    for output in ("auto", "scatter", "short"):
+        attnprune.patch(model, "attention_mass", keep_ratio=0.5, after_layer=2, output=output)
+        with torch.no_grad():
+            outs[output] = out0(model(input_ids=ids, attention_mask=am))
+        outs[output + "_mode"] = attnprune.patch_state(model).output
+    expect = "scatter" if kind == "bert_model" else "short"
+    assert outs["auto_mode"] == expect
+    assert torch.equal(outs["auto"], outs[expect])
+    if kind != "bert_model":
+        assert torch.equal(outs["scatter"], outs["short"])  # the head never sees the difference
+    else:
+        assert outs["auto"].shape == (*ids.shape, 32)
+    with pytest.raises(ValueError, match="output"):
+        attnprune.patch(model, "attention_mass", output="long")

@@ -253,3 +253,17 @@ def test_bad_bucket_rows_names_the_field(bad):
         attnprune.patch(model, "ltp", bucket_rows=bad)
     assert attnprune.patch_state(model) is None  # refused before the model was touched
     assert "forward" not in model.bert.encoder.__dict__
+
+
+def test_group_overhead_scales_with_threads(monkeypatch):
+    """c = GROUP_OVERHEAD_PER_THREAD · threads (a second thread halves the per-slot cost of a
+    layer call but not its fixed cost); a fixed GROUP_OVERHEAD_TOKENS overrides the rule."""
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            assert hf_encoder.group_overhead_tokens() == hf_encoder.GROUP_OVERHEAD_PER_THREAD * t
+    finally:
+        torch.set_num_threads(threads)
+    monkeypatch.setattr(hf_encoder, "GROUP_OVERHEAD_TOKENS", 5)
+    assert hf_encoder.group_overhead_tokens() == 5

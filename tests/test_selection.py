@@ -95,3 +95,46 @@ def test_entropy_and_gumbel():
     assert noisy.min() >= 0 and noisy.max() <= 1 and noisy.std() > 0.1
     with pytest.raises(ValueError, match="tau"):
         gumbel_sigmoid(logits, 0.0, training=True)
+
+
+def _gather_reference(hidden, keep):
+    """The previous gather_tokens: torch.gather with an expanded (B, K, d) index."""
+    B, L = keep.shape
+    K = max(int(keep.sum(1).max()), 1)
+    pos = torch.arange(L).expand(B, L)
+    index = torch.sort(torch.where(keep, pos, pos + L), dim=1).indices[:, :K]
+    short_mask = torch.gather(keep, 1, index)
+    index = torch.where(short_mask, index, torch.zeros_like(index))
+    return torch.gather(hidden, 1, index[..., None].expand(B, K, hidden.shape[-1])), index
+
+
+def _scatter_reference(full, short, index, mask):
+    """The previous scatter_tokens: boolean indexing into a clone."""
+    out = full.clone()
+    rows = torch.arange(index.shape[0])[:, None].expand_as(index)
+    out[rows[mask], index[mask]] = short[mask]
+    return out
+
+
+@pytest.mark.parametrize("shape", [(1, 9), (5, 13), (4, 1)])
+def test_gather_scatter_equal_reference(shape):
+    """The flat index_select / index_copy_ forms give bit-identical tensors, padding slots
+    (which point at position 0) never overwrite position 0, and gradients flow through both."""
+    torch.manual_seed(1)
+    B, L = shape
+    h = torch.randn(B, L, 6, requires_grad=True)
+    keep = torch.rand(B, L) > 0.6
+    keep[:, 0] = True
+    keep[0, 1:] = False  # a row keeping only CLS: K − 1 padding slots pointing at 0
+    g = gather_tokens(h, keep)
+    ref_h, ref_i = _gather_reference(h, keep)
+    assert torch.equal(g.hidden, ref_h) and torch.equal(g.index, ref_i)
+    full = torch.randn(B, L, 6)
+    before = full.clone()
+    new = g.hidden * 3
+    got = scatter_tokens(full, new, g.index, g.mask)
+    assert torch.equal(got, _scatter_reference(full, new, g.index, g.mask))
+    assert torch.equal(got[:, 0], new[:, 0])  # CLS written, not clobbered by padding slots
+    assert torch.equal(full, before)  # input untouched (a copy is returned)
+    got.sum().backward()
+    assert torch.equal(h.grad, 3 * keep[..., None].float().expand_as(h))

@@ -23,8 +23,8 @@ Choices, and why:
   thresholds) leave rows with very different K_b, and padding every row to K_max wastes
   K_max − K_b slots per row in every later layer. After a gather the b rows are split into
   groups of similar K_b (:func:`attnprune.selection.row_groups`: dynamic programming over the
-  sorted counts, minimising padded slots plus c = ``GROUP_OVERHEAD_TOKENS`` slots per group and
-  layer); each group, cut to its own longest row, runs the remaining layers (a later pruning
+  sorted counts, minimising padded slots plus c = :func:`group_overhead_tokens` slots per group
+  and layer, 24 per torch thread); each group, cut to its own longest row, runs the remaining layers (a later pruning
   layer may split it again: :func:`_layers` and :func:`_grouped` recurse), and the groups'
   outputs go back to their rows. Padding never attends nor is attended, so the outputs equal
   the one-batch forward up to float rounding. Equal counts (top-k on equal-length rows) give
@@ -32,11 +32,13 @@ Choices, and why:
   and batch losses see the whole batch).
 * CLS (position 0) is always kept (``protect_first``); the gather keeps ascending order, so it
   stays at position 0 and every stock head (pooler, ``hidden[:, 0]``) reads it unchanged.
-* The output is scattered back to (B, L, d) (``output="scatter"``, default; dropped tokens
-  carry their last computed state) so the model's output shape is the stock one;
-  ``output="short"`` returns the gathered (B, K, d) batch and skips that copy (with row
-  groups: the same shape, K the longest final row; slots past a group's own width, padding
-  either way, are zeros).
+* The output is scattered back to (B, L, d) (``output="scatter"``; dropped tokens carry their
+  last computed state) so the model's output shape is the stock one; ``output="short"`` returns
+  the gathered (B, K, d) batch and skips that copy (with row groups: the same shape, K the
+  longest final row; slots past a group's own width, padding either way, are zeros). The
+  default ``output="auto"`` is "short" for BERT / RoBERTa / DistilBERT
+  ``*ForSequenceClassification`` (their heads read only position 0, where CLS stays, and
+  return no per-token states: same logits, bit for bit) and "scatter" for any other model.
 * Attention probabilities for methods that need them are computed only at pruning layers, from
   the query/key projections the layer already computed (captured by forward hooks on the
   ``query``/``key`` linears, so nothing is recomputed), and only for the rows the method reads:
@@ -53,6 +55,30 @@ Choices, and why:
 * ``position_ids`` given to the model are not passed to layers after a gather (HF_NOTES.md:
   non-consecutive ids look like packed sequences); absolute positions were added at the
   embeddings already.
+
+Measured defaults (``scripts/bench_defaults.py``: MiniLM-L6, tweets of median 33 / p90 48
+tokens, max_length 64, 2 threads, attention_mass ρ = 0.5 after layer 2, pruned vs full
+interleaved in one process; wall / FLOPs ratios):
+    batch 32, file order:   before FLOPs 0.530 wall 0.679   after FLOPs 0.549 wall 0.611
+    batch 32, length-sorted: before FLOPs 0.636 wall 0.752   after FLOPs 0.653 wall 0.720
+    batch 1:                 before FLOPs 0.660 wall 0.94–0.95  after FLOPs 0.660 wall 0.97–1.00
+                             (patch's own work 1.1–1.4 ms → 0.83–0.88 ms per forward; the
+                             full forward is 11–14 ms: the batch-1 ratios are within noise)
+Where the wall time went (batch 32, file order, before): the 4 layers after the gather ran as
+5.3 row groups on average (c = 12 slots, fitted at 1 thread); at 2 threads a layer call costs
+≈ 0.85–1.2 ms fixed + 21.6 µs per slot, so each group cost ≈ 40–56 slots, not 12 — the
+bucketing cost more than the padding it saved (0.72 wall vs 0.68 with no bucketing). The
+patch's own work was ≈ 11 ms of ≈ 190 ms per batch: exact scorer 4.6 ms, top-k 0.6 ms,
+gather / two (B, L, d) scatters / per-group masks 5.7 ms. Fixes: c per thread; no scatter
+for CLS-reading classifiers; gather and scatter as one flat index_select / index_copy_ (2–3×
+and 1.5× faster at B = 32). Kept: the exact "received" scorer (``scorer_queries=0``): the
+sampled one keeps other tokens (overlap of kept tokens with the exact scorer on 512 tweets:
+0.74 at S = 8, 0.81 at 16, 0.87 at 24; far below 0.95), and the exact scorer is only
+≈ 2.5 % of the pruned forward at batch 32 (not timed against the sampled one).
+At batch 1 the layers' matmuls are bound by reading the weights (a MiniLM layer on 24 tokens
+takes 1.5 ms against 1.9 ms on 48), so halving the tokens after layer 2 saves ≈ 1.6 ms of
+≈ 12 ms at best; the patch's own work is ≈ 1 ms of that (scorer ≈ 0.3 ms, top-k and gather
+≈ 0.15 ms each, the rest per-op dispatch), so batch-1 wall time stays near the full model's.
 
 Written by hand: no library prunes tokens inside the stock HF encoder loop, nor buckets the rows
 of a batch whose lengths change between its layers.
@@ -74,18 +100,30 @@ from ..methods.base import protect_first
 from ..selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
 from . import PatchState, register_host, remove_state_hooks
 
-__all__ = ["GROUP_OVERHEAD_TOKENS", "HFEncoderState", "parse_schedule", "patch_hf_encoder"]
+__all__ = ["GROUP_OVERHEAD_PER_THREAD", "GROUP_OVERHEAD_TOKENS", "HFEncoderState", "group_overhead_tokens",
+           "parse_schedule", "patch_hf_encoder"]
 
-# Cost of one more group of rows, in token slots per layer (the c of selection.row_groups).
-# Measured on MiniLM-L6 (d = 384, d_ff = 1536), 1 thread, one BertLayer call with a padded
-# mask, interleaved timing of b ∈ {1, 2, 4, 8, 16} rows × K ∈ {8, …, 64} slots: per b a line
-# t ≈ 340–450 µs + 39.5–41.5 µs per slot, i.e. 8–11.5 slots fixed per layer call. A group's
-# own slicing, new mask and write-back cost ≈ 310 µs ≈ 9 slots once, ≈ 2.5 per layer over the
-# 4 layers left after a prune at layer 2. c = 12 is their sum. On the trained MiniLM/tweets LTP
-# models (ρ 0.3–0.75, after layer 2, batch 32, 1 thread) wall time varies by ≤ 4 % over
-# c ∈ [8, 64] (c = 32 lowest by 1–4 %, about the timing noise; it counts 2.5 % more FLOPs than
-# c = 12) and is 13–16 % higher at c = 0 (many one-row groups).
-GROUP_OVERHEAD_TOKENS = 12
+# Cost of one more group of rows, in token slots per layer (the c of selection.row_groups):
+# c = GROUP_OVERHEAD_PER_THREAD · (torch threads), unless GROUP_OVERHEAD_TOKENS is set.
+# Measured on MiniLM-L6 (d = 384, d_ff = 1536), one BertLayer call with a padded mask,
+# interleaved timing of b ∈ {1, …, 32} rows × K ∈ {8, …, 64} slots, fit t = a + s·(b·K):
+# 1 thread a ≈ 340–650 µs, s ≈ 37–40 µs (a ≈ 10–18 slots); 2 threads a ≈ 850–1200 µs,
+# s ≈ 21.6 µs (a ≈ 40–56 slots): the per-slot cost halves with a second thread, the fixed
+# per-call cost (weights read once per call, thread start-up) does not. A group's own slicing,
+# new mask and write-back add ≈ 2.5 slots per layer at 1 thread. So c ≈ 20–24 at 1 thread and
+# ≈ 45–60 at 2; c = 24 per thread. On tweets (batch 32, 2 threads, attention_mass ρ = 0.5
+# after layer 2, file order) the old fixed c = 12 gave 5.3 groups and wall 0.72 of the full
+# model; c = 48 gave 0.63 (c = 96: 0.62, no bucketing: 0.68). Beyond 2 threads (not measured
+# here: 2 cores) the same reasoning extrapolates linearly.
+GROUP_OVERHEAD_PER_THREAD = 24
+GROUP_OVERHEAD_TOKENS: float | None = None  # a fixed c overrides the per-thread rule (tests)
+
+
+def group_overhead_tokens() -> float:
+    """c for :func:`attnprune.selection.row_groups` at the current torch thread count."""
+    if GROUP_OVERHEAD_TOKENS is not None:
+        return GROUP_OVERHEAD_TOKENS
+    return GROUP_OVERHEAD_PER_THREAD * torch.get_num_threads()
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -414,7 +452,7 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
             mask4d = _additive(mask, soft_total, hidden.dtype)[:, None, None, :]
         else:
             if run.bucket and hidden.shape[0] > 1:
-                groups = row_groups(mask.sum(1), GROUP_OVERHEAD_TOKENS)
+                groups = row_groups(mask.sum(1), group_overhead_tokens())
                 if len(groups) > 1:
                     state.gather_time_s += time.perf_counter() - t1
                     return _grouped(state, run, i + 1, groups, hidden, mask, index, full)
@@ -491,14 +529,16 @@ def _additive(mask: Tensor, soft: Tensor | None, dtype) -> Tensor:
 # ----------------------------------------------------------------------------- the host
 @register_host("hf_encoder", kinds=("token",), matches=lambda m: _family(m) is not None)
 def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float] = 0.5,
-                     after_layer: int = 1, schedule=None, output: str = "scatter",
+                     after_layer: int = 1, schedule=None, output: str = "auto",
                      soft_mode: str = "bias", scorer_queries: int = 0,
                      bucket_rows: bool = True, **method_options) -> HFEncoderState:
     """Patch a BERT / MiniLM / RoBERTa / DistilBERT model (or its ``*ForSequenceClassification``)
     with token method ``spec``.
 
     ``keep_ratio`` ρ, ``after_layer`` and ``schedule`` go through :func:`parse_schedule`;
-    ``output`` ∈ {"scatter", "short"}; ``soft_mode`` ∈ {"bias", "multiply"} (training only);
+    ``output`` ∈ {"auto", "scatter", "short"} ("auto", default: "short" for the
+    ``*ForSequenceClassification`` models, whose heads read only position 0 and never return
+    the encoder's states, "scatter" otherwise: :func:`_auto_output`); ``soft_mode`` ∈ {"bias", "multiply"} (training only);
     ``scorer_queries`` S > 0 estimates attention received from S evenly spaced query rows
     (0 = exact, all rows; costs one extra L×L attention at the pruning layer);
     ``bucket_rows`` (default True): at inference, after a gather, run the later layers on
@@ -508,13 +548,15 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     """
     if not isinstance(bucket_rows, bool):
         raise ValueError(f"bucket_rows must be True or False, got {bucket_rows!r}")  # noqa: TRY004 (patch() contract: ValueError)
-    if output not in ("scatter", "short"):
-        raise ValueError(f"output must be 'scatter' or 'short', got {output!r}")
+    if output not in ("auto", "scatter", "short"):
+        raise ValueError(f"output must be 'auto', 'scatter' or 'short', got {output!r}")
     if isinstance(scorer_queries, bool) or not isinstance(scorer_queries, int) or scorer_queries < 0:
         raise ValueError(f"scorer_queries must be an integer ≥ 0, got {scorer_queries!r}")
     if soft_mode not in ("bias", "multiply"):
         raise ValueError(f"soft_mode must be 'bias' or 'multiply', got {soft_mode!r}")
     family, encoder, layers, qk = _anatomy(model)
+    if output == "auto":
+        output = _auto_output(model)
     cfg = model.config
     n_layers = len(layers)
     sched = parse_schedule(keep_ratio, n_layers, after_layer, schedule)
@@ -554,6 +596,25 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
 def _grab_labels(state: HFEncoderState, module, args, kwargs) -> None:
     """Forward pre-hook on the model: the labels of this forward, for methods that read them."""
     state.labels = kwargs.get("labels")
+
+
+def _auto_output(model: nn.Module) -> str:
+    """"short" when the model's head reads only position 0 of the encoder output (CLS, kept
+    at position 0 by every gather) and its output has no per-token states: BERT's pooler,
+    RoBERTa's classification head and DistilBERT's pre-classifier all read ``hidden[:, 0]``,
+    and ``SequenceClassifierOutput`` does not return ``last_hidden_state``. Scattering the
+    kept tokens back to (B, L, d) would then be two (B, L, d) copies nobody reads. Any other
+    model (the bare encoder, token classification, ...) gets "scatter", the stock shape."""
+    from transformers import (
+        BertForSequenceClassification,
+        DistilBertForSequenceClassification,
+        RobertaForSequenceClassification,
+    )
+
+    # exact types: a subclass may read other positions
+    heads = (BertForSequenceClassification, DistilBertForSequenceClassification,
+             RobertaForSequenceClassification)
+    return "short" if type(model) in heads else "scatter"
 
 
 def _capture(state: HFEncoderState, name: str, owner_q: nn.Module, module, args, output) -> None:
