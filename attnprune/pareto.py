@@ -678,7 +678,15 @@ def main(argv: list[str]) -> int:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             print(f"  --{f.name.replace('_', '-'):<22} default {default!r}")
         return 0
-    cl = parse_command_line(argv, ParetoConfig)
+    from pathlib import Path
+
+    from .config import parse_overrides, read_yaml
+
+    # resuming a results folder: its saved config is the base, the given options go on top
+    out = parse_overrides(list(argv)).get("out")
+    saved = Path(str(out)) / "config.yaml" if isinstance(out, str) else None
+    defaults = read_yaml(saved) if saved is not None and saved.is_file() else None
+    cl = parse_command_line(argv, ParetoConfig, defaults=defaults)
     cfg = cl.config
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
