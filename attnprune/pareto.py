@@ -251,7 +251,8 @@ def train_phase(cfg: ParetoConfig, results: ResultsDir, data) -> None:
             key = f"{label}__seed{seed}"
             torch.manual_seed(seed)
             model, tok = load_model(cfg.model, data.n_classes)
-            test = _loader(data.test, tok, cfg.eval_batch_size, cfg.max_length, limit=cfg.max_test)
+            test = _loader(data.test, tok, cfg.eval_batch_size, cfg.max_length,
+                           order=_test_rows(data.test, cfg.max_test))
             train = _loader(data.train, tok, cfg.batch_size, cfg.max_length, shuffle=True,
                             seed=seed, limit=cfg.max_train)
             teacher, record, history = None, None, []
@@ -304,6 +305,15 @@ def train_phase(cfg: ParetoConfig, results: ResultsDir, data) -> None:
                 print(f"{key}{INT8}: accuracy {ev['accuracy']:.4f}")
 
 
+def _test_rows(split, limit: int | None) -> np.ndarray:
+    """The scored test rows: all, or ``limit`` evenly spaced ones (test files are often grouped
+    by class or source, so the first rows would not be a fair sample)."""
+    n = len(split)
+    if limit is None or limit >= n:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, limit).round().astype(int))
+
+
 def _done(results: ResultsDir, label: str, seed: int, int8: bool) -> bool:
     key = f"{label}__seed{seed}"
     return results.run_done(key) and (not int8 or results.run_done(key + INT8))
@@ -313,11 +323,11 @@ def _done(results: ResultsDir, label: str, seed: int, int8: bool) -> bool:
 def _timing_batches(split, tok, cfg: ParetoConfig, batch_size: int) -> dict[str, list[dict]]:
     """``fair``: batches of length-sorted test examples (no padding to speak of), and
     ``padded``: batches in file order; ``timing_batches`` of each, evenly spaced."""
-    n = len(split) if cfg.max_test is None else min(cfg.max_test, len(split))
-    lengths = np.array([len(ids) for ids in tok(split.texts[:n], truncation=True,
+    rows = _test_rows(split, cfg.max_test)
+    lengths = np.array([len(ids) for ids in tok([split.texts[i] for i in rows], truncation=True,
                                                   max_length=cfg.max_length)["input_ids"]])
     out = {}
-    for name, order in (("fair", np.argsort(lengths, kind="stable")), ("padded", np.arange(n))):
+    for name, order in (("fair", rows[np.argsort(lengths, kind="stable")]), ("padded", rows)):
         loader = list(_loader(split, tok, batch_size, cfg.max_length, order=order))
         full = [b for b in loader if b["input_ids"].shape[0] == batch_size] or loader
         pick = np.unique(np.linspace(0, len(full) - 1, min(cfg.timing_batches, len(full))).round().astype(int))

@@ -1,0 +1,156 @@
+"""The Pareto front's mechanisms: layer-drop parity with a model built shallower, the command
+end to end on a tiny model (train, int8, time, summary, resume), fair batches without padding,
+the paired statistics over seeds, and config errors before work."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from test_finetune import tiny  # noqa: F401 (fixture: a 3-layer BERT and a 3-class CSV)
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    DistilBertConfig,
+    DistilBertForSequenceClassification,
+    GPT2Config,
+    GPT2LMHeadModel,
+)
+
+import attnprune
+from attnprune.baselines import keep_first_layers
+from attnprune.config import ConfigError, parse_command_line
+from attnprune.pareto import ParetoConfig, _paired, _test_rows, main
+
+KW = {"hidden_size": 16, "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert", "gpt2"])
+@pytest.mark.parametrize("n", [1, 2])
+def test_keep_first_layers_equals_a_model_built_shallower(family, n):
+    torch.manual_seed(0)
+    if family == "bert":
+        deep = BertForSequenceClassification(BertConfig(vocab_size=50, num_hidden_layers=4, **KW))
+        shallow = BertForSequenceClassification(BertConfig(vocab_size=50, num_hidden_layers=n, **KW))
+    elif family == "distilbert":
+        kw = {"dim": 16, "n_heads": 2, "hidden_dim": 32, "max_position_embeddings": 64}
+        deep = DistilBertForSequenceClassification(DistilBertConfig(vocab_size=50, n_layers=4, **kw))
+        shallow = DistilBertForSequenceClassification(DistilBertConfig(vocab_size=50, n_layers=n, **kw))
+    else:
+        kw = {"n_embd": 16, "n_head": 2, "n_positions": 64}
+        deep = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_layer=4, **kw))
+        shallow = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_layer=n, **kw))
+    keep_first_layers(deep, n)
+    shallow.load_state_dict(deep.state_dict(), strict=True)  # same keys: the same architecture
+    deep.eval()
+    shallow.eval()
+    x = torch.randint(5, 50, (3, 9))
+    with torch.no_grad():
+        a, b = deep(input_ids=x).logits, shallow(input_ids=x).logits
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_keep_first_layers_errors():
+    m = BertForSequenceClassification(BertConfig(vocab_size=50, num_hidden_layers=3, **KW))
+    with pytest.raises(ValueError, match="layers must be an integer in \\[1, 3\\]"):
+        keep_first_layers(m, 4)
+    with pytest.raises(ValueError, match="layers"):
+        keep_first_layers(m, 0)
+    attnprune.patch(m, "random", keep_ratio=0.5, after_layer=1)
+    with pytest.raises(ValueError, match="before patching"):
+        keep_first_layers(m, 2)
+
+
+def test_layer_dropped_model_can_be_patched_and_quantized():
+    from attnprune.deploy import quantize_int8
+
+    m = BertForSequenceClassification(BertConfig(vocab_size=50, num_hidden_layers=4, **KW)).eval()
+    keep_first_layers(m, 3)
+    attnprune.patch(m, "attention_mass", keep_ratio=0.5, after_layer=1)
+    q = quantize_int8(m)
+    x = torch.randint(5, 50, (2, 12))
+    with torch.no_grad():
+        q(input_ids=x)
+    assert attnprune.patch_state(q).stats["kept_ratio"] < 1
+
+
+def test_paired_over_seeds_counts_discordant_pairs():
+    y = np.array([0, 1, 1, 0, 1, 0])
+    preds = {("a", 0): {"y_true": y, "y_pred": y.copy()},
+             ("b", 0): {"y_true": y, "y_pred": np.array([1, 1, 1, 0, 1, 0])},  # 1 wrong
+             ("a", 1): {"y_true": y, "y_pred": np.array([0, 1, 0, 0, 1, 0])},  # 1 wrong
+             ("b", 1): {"y_true": y, "y_pred": np.array([1, 0, 1, 0, 1, 0])}}  # 2 wrong
+    c = _paired(preds, "a", "b", [0, 1], n_resamples=200)
+    assert c["diff"] == pytest.approx((1 / 6 + 1 / 6) / 2)
+    assert c["per_seed"] == pytest.approx([1 / 6, 1 / 6])
+    # a right & b wrong: seed 0 row 0, seed 1 rows 0, 1; a wrong & b right: seed 1 row 2
+    assert c["discordant"] == [3, 1]
+    assert c["ci95"][0] <= c["diff"] <= c["ci95"][1]
+
+
+def test_test_rows_are_evenly_spaced():
+    class S:
+        def __len__(self):
+            return 100
+
+    rows = _test_rows(S(), 10)
+    assert len(rows) == 10 and rows[0] == 0 and rows[-1] == 99
+    assert list(_test_rows(S(), None)) == list(range(100))
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="prune\\[0\\].method"):
+        parse_command_line(["--prune", "[{keep_ratio: 0.5}]"], ParetoConfig)
+    with pytest.raises(ConfigError, match="crisp"):
+        parse_command_line(["--prune", "[{method: crisp}]"], ParetoConfig)
+    with pytest.raises(ConfigError, match="keep_ratio\\[1\\]"):
+        parse_command_line(["--prune", "[{method: random, keep_ratio: [0.5, 1.5]}]"], ParetoConfig)
+    with pytest.raises(ConfigError, match="phase"):
+        parse_command_line(["--phase", "everything"], ParetoConfig)
+    with pytest.raises(ConfigError, match="layer_drop\\[0\\]"):
+        parse_command_line(["--layer-drop", "0"], ParetoConfig)
+
+
+@pytest.mark.slow
+def test_pareto_end_to_end_and_resume(tiny, tmp_path, capsys):  # noqa: F811
+    n = torch.get_num_threads()
+    out = tmp_path / "front"
+    argv = ["--model", str(tiny / "model"), "--data", f"csv:{tiny / 'data.csv'}",
+            "--max-length", "16", "--seeds", "0,1", "--full-epochs", "2", "--epochs", "1",
+            "--lr", "1e-3", "--batch-size", "8", "--layer-drop", "1,2",
+            "--prune", "[{method: attention_mass, keep_ratio: [0.5], after_layer: 1}]",
+            "--timing-batch-sizes", "4,1", "--timing-batches", "1", "--timing-repeats", "1",
+            "--threads", "1", "--progress", "false", "--out", str(out), "--exact-out"]
+    try:
+        assert main(argv) == 0
+        s = json.loads((out / "summary.json").read_text())
+        labels = {"full", "layers=1", "layers=2", "attention_mass@0.5/L1"}
+        assert set(s["points"]) == labels | {f"{x}+int8" for x in labels}
+        for e in s["points"].values():
+            assert e["n_seeds"] == 2
+            assert set(e["time"]) == {"4", "1"} and set(e["time"]["4"]) == {"fair", "padded"}
+        assert s["points"]["full"]["time"]["4"]["fair"] == 1.0
+        # FLOPs: layer-drop and pruning both count fewer than the full model on the same batches
+        fl = {k: e["flops_relative"]["4"] for k, e in s["points"].items() if not e["int8"]}
+        assert fl["full"] == 1.0 and fl["layers=1"] < fl["layers=2"] < 1
+        assert fl["attention_mass@0.5/L1"] < 1
+        assert s["points"]["attention_mass@0.5/L1"]["vs_layer_drop"]["b"].startswith("layers=")
+        assert all("p_holm" in c for c in s["comparisons"])
+        assert (out / "pareto.png").is_file() and (out / "pareto.md").is_file()
+        # fair batches: length-sorted, so they carry (almost) no padding
+        t = json.loads((out / "timing.json").read_text())["batch_sizes"]["4"]
+        fair, padded = t["fair"]["full"], t["padded"]["full"]
+        assert fair["slots"] - fair["tokens"] <= padded["slots"] - padded["tokens"]
+        # resume: nothing is trained again
+        runs = sorted(p.name for p in (out / "runs").glob("*.json"))
+        mtimes = {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")}
+        capsys.readouterr()
+        assert main(["--out", str(out), "--phase", "summary"]) == 0
+        assert sorted(p.name for p in (out / "runs").glob("*.json")) == runs
+        assert {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")} == mtimes
+        assert main(["--out", str(out), "--phase", "train"]) == 0
+        assert {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")} == mtimes
+    finally:
+        torch.set_num_threads(n)
