@@ -102,6 +102,25 @@ def test_finetune_full_then_pruned_from_it(tiny, tmp_path, capsys, one_thread):
     assert "skip" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_finetune_layer_drop_and_int8(tiny, tmp_path, one_thread):
+    full = tmp_path / "full"
+    assert main(args(tiny, full, "--method", "full", "--epochs", "1")) == 0
+    out = tmp_path / "l2"
+    assert main(args(tiny, out, "--layers", "2", "--init-from", str(full), "--epochs", "1",
+                     "--distill-weight", "0.5", "--int8", "true")) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert {"full", "layers=2", "layers=2+int8"} <= set(s["methods"])
+    m = s["methods"]["layers=2"]
+    # two of three layers: fewer FLOPs than the full (3-layer) reference on the same batches
+    assert 0.5 < m["flops"]["relative"] < 0.9
+    assert m["time"]["relative"] > 0 and s["methods"]["layers=2+int8"]["time"]["relative"] > 0
+    from safetensors.torch import load_file
+
+    keys = load_file(str(out / "models" / "layers=2__seed0" / "model.safetensors"))
+    assert not any(".layer.2." in k for k in keys) and any(".layer.1." in k for k in keys)
+
+
 @pytest.mark.parametrize("argv, field", [
     (["--keep-ratio", "1.5"], "keep_ratio"),
     (["--method", "nope"], "method"),
@@ -110,6 +129,7 @@ def test_finetune_full_then_pruned_from_it(tiny, tmp_path, capsys, one_thread):
     (["--epochs", "0"], "epochs"),
     (["--distill-weight", "0.5"], "distill_weight"),
     (["--bogus", "1"], "bogus"),
+    (["--layers", "0"], "layers"),
     (["--data", "csv:/does/not/exist.csv"], "data"),
 ])
 def test_bad_config_names_the_field(argv, field):
