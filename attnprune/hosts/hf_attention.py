@@ -35,16 +35,21 @@ need_weights) -> (out (B, Tq, H, d), probs (B, H, Tq, Tk) | None)``; class attri
 
 from __future__ import annotations
 
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 from torch import nn
 
 from .. import registry
+from ..methods.crisp import fused_attention
 from . import PatchState, register_host, remove_state_hooks
 
 METHOD_ATTR = "attnprune_method"
-# FFN first layers (W1 of eq. 2 in the cost paper), by module-name suffix, per model family
+# FFN first layers (W1 of eq. 2 in the cost paper), by module-name suffix, for a model whose
+# family is not in FAMILIES
 FFN_SUFFIXES = ("intermediate.dense", "ffn.lin1", "mlp.c_fc", "mlp.fc1", "mlp.up_proj")
 # The attention implementation name of every patched model (the function behind it holds no
 # state, so one registration serves every model and every copy, and is never removed).
@@ -52,27 +57,99 @@ IMPL = "attnprune_attention"
 STATE_ATTR = "_attnprune_attention"  # on each numbered attention module: the patch state
 
 
+@dataclass(frozen=True)
+class Family:
+    """Facts about one model family (``config.model_type``) that the generic host reads.
+
+    ``attention``: class names of the self-attention modules; empty = found generically (a
+    module with ``scaling``, ``is_causal`` and ``config``: BERT, GPT-2, Llama, … all have them).
+    ``ffn``: module-name suffixes of the FFN's first layer (W1x + b1 of the cost paper).
+    ``ffn_first_half``: that layer is a fused [activated | linear] projection (Phi-3's
+    ``gate_up_proj``, ModernBERT's ``Wi``): the pre-activation is its first half.
+    ``scores``: ``"interface"`` = the module calls HF's attention interface with
+    (q, k, v, mask, scaling, softcap…); otherwise the name of an adapter in ``ADAPTERS`` that
+    replaces the module's forward for families computing scores in their own forward.
+    ``depth``: for families whose layers share one module (ALBERT), the number of times the
+    shared attention runs per forward; each run is its own layer for the method.
+    ``refused``: why the family cannot be patched (a ValueError says it).
+    """
+
+    attention: tuple[str, ...] = ()
+    ffn: tuple[str, ...] = FFN_SUFFIXES
+    ffn_first_half: bool = False
+    scores: str = "interface"
+    depth: Callable[[object], int] | None = None
+    refused: str | None = None
+
+
+_BERT_FFN = ("intermediate.dense",)
+# SwiGLU / GeGLU decoders: act(gate_proj x) ⊙ up_proj x. The activation (and so the sparsity the
+# cost paper's ReLU(W1x + b1) term asks for) is on gate_proj; up_proj is linear, sign-symmetric.
+_GATED_FFN = ("mlp.gate_proj",)
+FAMILIES: dict[str, Family] = {
+    "bert": Family(ffn=_BERT_FFN),
+    "roberta": Family(ffn=_BERT_FFN),
+    "xlm-roberta": Family(ffn=_BERT_FFN),
+    "camembert": Family(ffn=_BERT_FFN),
+    "electra": Family(ffn=_BERT_FFN),
+    "distilbert": Family(ffn=("ffn.lin1",)),
+    "gpt2": Family(ffn=("mlp.c_fc",)),
+    "llama": Family(ffn=_GATED_FFN),
+    "mistral": Family(ffn=_GATED_FFN),
+    "qwen2": Family(ffn=_GATED_FFN),
+    "qwen3": Family(ffn=_GATED_FFN),
+    "gemma": Family(ffn=_GATED_FFN),
+    "gemma2": Family(ffn=_GATED_FFN),
+    "phi3": Family(ffn=("mlp.gate_up_proj",), ffn_first_half=True),
+    # one AlbertLayer per (group, inner index), run num_hidden_layers times in turn
+    "albert": Family(ffn=("ffn",),
+                     depth=lambda c: c.num_hidden_layers * c.inner_group_num),
+    "mpnet": Family(attention=("MPNetSelfAttention",), ffn=_BERT_FFN, scores="mpnet"),
+    "deberta-v2": Family(attention=("DisentangledSelfAttention",), ffn=_BERT_FFN,
+                         scores="deberta"),
+    # no ``scaling`` attribute (it passes head_dim**-0.5 to the interface), hence the name
+    "modernbert": Family(attention=("ModernBertAttention",), ffn=("mlp.Wi",),
+                         ffn_first_half=True),
+    "deberta": Family(refused=(
+        "DeBERTa v1 computes its scores inside its own forward with a fused in_proj and its "
+        "own c2p/p2c terms; only DeBERTa-v2/v3 has a scores adapter here")),
+}
+
+
+def family(model: nn.Module) -> Family:
+    """The facts of ``model``'s family (the generic defaults for a model type not listed)."""
+    cfg = getattr(model, "config", None)
+    return FAMILIES.get(getattr(cfg, "model_type", None), Family())
+
+
 def attention_modules(model: nn.Module) -> list[nn.Module]:
-    """The model's self-attention modules in order (index = layer number)."""
+    """The model's distinct self-attention modules in order (index = layer number, except for
+    shared-layer families, where the call order numbers the layers)."""
+    names = family(model).attention
     mods = []
     for m in model.modules():
-        if (hasattr(m, "scaling") and hasattr(m, "is_causal") and hasattr(m, "config")
+        if names:
+            if type(m).__name__ in names:
+                mods.append(m)
+        elif (hasattr(m, "scaling") and hasattr(m, "is_causal") and hasattr(m, "config")
                 and not getattr(m, "is_cross_attention", False)
                 and "CrossAttention" not in type(m).__name__):
             mods.append(m)
     return mods
 
 
-def ffn_modules(model: nn.Module, suffixes: tuple[str, ...] = FFN_SUFFIXES) -> list[nn.Module]:
-    """The FFN first-layer modules (W1x + b1) in order, found by name suffix."""
+def ffn_modules(model: nn.Module, suffixes: tuple[str, ...] | None = None) -> list[nn.Module]:
+    """The FFN first-layer modules (W1x + b1) in order, found by name suffix (the family's by
+    default)."""
+    suffixes = family(model).ffn if suffixes is None else tuple(suffixes)
     return [m for name, m in model.named_modules() if name.endswith(suffixes)]
 
 
 def _matches(model: nn.Module) -> bool:
+    """Any transformers model: ``patch`` then says why when a family cannot be served."""
     from transformers import PreTrainedModel
 
-    return (isinstance(model, PreTrainedModel) and hasattr(model, "set_attn_implementation")
-            and bool(attention_modules(model)))
+    return isinstance(model, PreTrainedModel) and hasattr(model, "set_attn_implementation")
 
 
 def _context(model: nn.Module, n_layers: int) -> dict:
@@ -86,17 +163,37 @@ def _context(model: nn.Module, n_layers: int) -> dict:
             "max_positions": int(max_pos), "n_classes": getattr(cfg, "num_labels", None)}
 
 
+def repeat_kv_heads(query: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention: key/value heads (B, H_kv, T, d) repeated to the H query heads.
+
+    Query head h reads key/value head h // (H / H_kv), the grouping HF's own GQA kernels use,
+    so every method then acts per query head (crisp's top-k, intensity's factor, cost's
+    entropy) exactly as on a model with H full heads."""
+    h, h_kv = query.shape[1], kv.shape[1]
+    if h == h_kv:
+        return kv
+    if h % h_kv:
+        raise ValueError(f"num_key_value_heads: {h_kv} key/value heads do not divide {h} query "
+                         f"heads")
+    return kv.repeat_interleave(h // h_kv, dim=1)
+
+
 class AttentionPatchState(PatchState):
     """State of an attention/loss patch: the registered name, hooks and per-forward data."""
 
-    def __init__(self, method: str, module: nn.Module, impl: str, previous: str,
-                 layers: dict[nn.Module, int]) -> None:
+    def __init__(self, method: str, module: nn.Module, impl: str, previous: str | None,
+                 layers: dict[nn.Module, int], fam: Family, n_layers: int) -> None:
         super().__init__(method, module)
         self.impl = impl
-        self.previous = previous
+        self.previous = previous  # None: the attention implementation was not switched
         # attention module → layer index (module keys, not ids: a deep copy maps them to the
         # copy's modules)
         self.layer_of = layers
+        self.family = fam
+        self.n_layers = n_layers
+        self.shared = fam.depth is not None
+        self.calls = 0  # attention runs in this forward (numbers the layers of shared families)
+        self.current = 0  # layer number of the attention module running now
         self.handles: list = []
         self.hidden: dict[int, torch.Tensor] = {}
         self.token_mask: torch.Tensor | None = None
@@ -106,33 +203,46 @@ class AttentionPatchState(PatchState):
         self.enabled = True
 
     def attention_fn(self, module, query, key, value, attention_mask, dropout=0.0,
-                     scaling=None, **kwargs):
-        """The function HF calls in place of its attention (signature of HF_NOTES.md)."""
+                     scaling=None, bias=None, **kwargs):
+        """The function HF calls in place of its attention (signature of HF_NOTES.md); the
+        adapters of own-forward families call it too, with their position terms as ``bias``."""
+        if kwargs.get("s_aux") is not None:
+            raise ValueError("model: attention sinks (s_aux) are not supported by the "
+                             "attention methods")
         layer = self.layer_of.get(module)
+        if layer is not None and self.shared:
+            layer = self.current
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
+        key, value = repeat_kv_heads(query, key), repeat_kv_heads(query, value)
+        softcap = kwargs.get("softcap")
         if layer is None or not self.enabled:  # stock path (unnumbered module, or disabled)
-            from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-            return sdpa_attention_forward(module, query, key, value, attention_mask,
-                                          dropout=dropout, scaling=scaling, **kwargs)
+            out = fused_attention(query, key, value, attention_mask,
+                                  is_causal=bool(getattr(module, "is_causal", False)),
+                                  scaling=scaling, dropout=dropout, training=module.training,
+                                  softcap=softcap, bias=bias)
+            return out, None
+        positions = kwargs.get("position_ids")
         out, probs = self.modules.attend(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
             layer=layer, hidden=self.hidden.get(layer), aux=self.aux_losses,
-            token_mask=self.token_mask, need_weights=self.need_weights)
+            token_mask=self.token_mask, need_weights=self.need_weights, softcap=softcap,
+            bias=bias, positions=positions if isinstance(positions, torch.Tensor) else None)
         return out, probs
 
     def unpatch(self, model: nn.Module) -> None:
-        """Remove hooks and the state on the attention modules, restore the previous attention
-        implementation (the global registration stays: it holds no state, and copies of the
-        model may still use it)."""
+        """Remove hooks, adapters and the state on the attention modules, restore the previous
+        attention implementation (the global registration stays: it holds no state, and copies
+        of the model may still use it)."""
         for h in self.handles:
             h.remove()
         self.handles.clear()
         remove_state_hooks(model, self)
-        model.set_attn_implementation(self.previous)
+        if self.previous is not None:
+            model.set_attn_implementation(self.previous)
         for m in self.layer_of:
             m.__dict__.pop(STATE_ATTR, None)
+            m.__dict__.pop("forward", None)  # an adapter's instance forward (own-forward families)
         if METHOD_ATTR in model._modules:
             del model._modules[METHOD_ATTR]
         self.hidden.clear()
@@ -153,6 +263,65 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
                               scaling=scaling, **kwargs)
 
 
+# Adapters: families whose attention modules compute scores in their own forward instead of
+# calling the attention interface. Each replaces the module's forward (an instance attribute,
+# removed by ``unpatch``), computes q, k, v and the family's score terms with the module's own
+# layers and methods, and hands them to the patch state as (query, key, value, mask, bias).
+# They are plain functions bound to the module, so ``copy.deepcopy`` rebinds them to the copy.
+
+
+def _split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(B, T, H·d) → (B, H, T, d)."""
+    b, t, _ = x.shape
+    return x.view(b, t, n_heads, -1).transpose(1, 2)
+
+
+def _mpnet_forward(module, hidden_states, attention_mask=None, position_bias=None,
+                   output_attentions=False, **kwargs):
+    """MPNetSelfAttention: S = QKᵀ/√d + relative position bias (B|1, H, T, T) + mask."""
+    state = module.__dict__[STATE_ATTR]
+    h = module.num_attention_heads
+    q, k, v = (_split_heads(proj(hidden_states), h) for proj in (module.q, module.k, module.v))
+    out, probs = state.attention_fn(
+        module, q, k, v, attention_mask, dropout=module.dropout.p if module.training else 0.0,
+        scaling=module.attention_head_size ** -0.5, bias=position_bias)
+    o = module.o(out.flatten(2))
+    return (o, probs) if output_attentions else (o,)
+
+
+def _deberta_forward(module, hidden_states, attention_mask, output_attentions=False,
+                     query_states=None, relative_pos=None, rel_embeddings=None):
+    """DisentangledSelfAttention (DeBERTa-v2/v3): S = QKᵀ/√(d·f) + c2p + p2c, f = 1 + number
+    of position terms. The c2p/p2c terms come from the module's own
+    ``disentangled_attention_bias`` (on its (B·H, T, d) layout) and enter as the bias."""
+    state = module.__dict__[STATE_ATTR]
+    h = module.num_attention_heads
+    x_q = hidden_states if query_states is None else query_states
+    q = module.transpose_for_scores(module.query_proj(x_q), h)  # (B·H, Tq, d)
+    k = module.transpose_for_scores(module.key_proj(hidden_states), h)
+    v = module.transpose_for_scores(module.value_proj(hidden_states), h)
+    factor = 1 + sum(t in module.pos_att_type for t in ("c2p", "p2c"))
+    bias = None
+    if module.relative_attention:
+        bias = module.disentangled_attention_bias(
+            q, k, relative_pos, module.pos_dropout(rel_embeddings), factor)  # (B·H, Tq, Tk)
+    b = hidden_states.shape[0]
+
+    def four_d(x):
+        return x.view(b, h, *x.shape[1:])
+
+    if query_states is not None:  # the intensity predictor reads what the queries come from
+        state.hidden[state.current] = query_states
+    out, probs = state.attention_fn(
+        module, four_d(q), four_d(k), four_d(v), attention_mask.bool(),
+        dropout=module.dropout.p if module.training else 0.0,
+        scaling=(q.shape[-1] * factor) ** -0.5, bias=None if bias is None else four_d(bias))
+    return out.flatten(2), (probs if output_attentions else None)
+
+
+ADAPTERS: dict[str, Callable] = {"mpnet": _mpnet_forward, "deberta": _deberta_forward}
+
+
 def _register() -> None:
     """Register ``IMPL`` (idempotent)."""
     from transformers import AttentionInterface
@@ -162,32 +331,61 @@ def _register() -> None:
     AttentionMaskInterface.register(IMPL, sdpa_mask)  # both registrations, or masks are None
 
 
-def _start_forward(state: AttentionPatchState, _mod, args, kwargs) -> None:
+def _start_forward(state: AttentionPatchState, mod, args, kwargs) -> None:
     """Forward pre-hook on the model: clear the last forward's data, record the 2-D mask."""
+    if state.shared and mod.training and getattr(mod, "is_gradient_checkpointing", False):
+        raise ValueError(
+            "gradient_checkpointing: the shared layers of this family are numbered by call "
+            "order, and checkpointing re-runs them in backward; turn it off to train here")
     state.aux_losses.clear()
     state.stats.clear()
     state.hidden.clear()
+    state.calls = 0
     m = kwargs.get("attention_mask")
     state.token_mask = m.bool() if isinstance(m, torch.Tensor) and m.dim() == 2 else None
 
 
-def _grab_hidden(state: AttentionPatchState, i: int, _mod, args, kwargs) -> None:
-    """Forward pre-hook on attention module ``i``: its input hidden states."""
-    state.hidden[i] = args[0] if args else kwargs.get("hidden_states")
+def _enter_layer(state: AttentionPatchState, i: int, needs_hidden: bool, _mod, args,
+                 kwargs) -> None:
+    """Forward pre-hook on attention module ``i``: which layer runs now (for a shared module,
+    the next one in call order, modulo the depth in case a caller skipped the model's own
+    forward) and, for methods that read it, its input hidden states."""
+    if state.shared:
+        state.current = state.calls % state.n_layers
+        state.calls += 1
+    else:
+        state.current = i
+    if needs_hidden:
+        state.hidden[state.current] = args[0] if args else kwargs.get("hidden_states")
 
 
 def _penalise(state: AttentionPatchState, _mod, _inp, out) -> None:
     """Forward hook on an FFN first layer: the cost method's activation term."""
     if state.enabled:
+        if state.family.ffn_first_half:
+            out = out.chunk(2, dim=-1)[0]
         state.aux_losses.append(state.modules.ffn_term(out, state.token_mask))
 
 
 @register_host("hf_attention", kinds=("attention", "loss"), matches=_matches)
 def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPatchState:
-    """Patch ``model`` with the attention/loss method ``spec`` (options go to the method)."""
+    """Patch ``model`` with the attention/loss method ``spec`` (options go to the method).
+
+    Raises ValueError saying why for a family that cannot be served (``FAMILIES[..].refused``,
+    or no self-attention module found), before the model is touched."""
+    fam = family(model)
+    kind = f"{type(model).__name__} ({getattr(model.config, 'model_type', '?')})"
+    if fam.refused:
+        raise ValueError(f"model: {kind} is not supported by attention methods: {fam.refused}")
     attn = attention_modules(model)
-    ffn_suffixes = tuple(options.pop("ffn_modules", FFN_SUFFIXES))
-    method = registry.create(spec.name, context=_context(model, len(attn)), **options)
+    if not attn:
+        raise ValueError(
+            f"model: no self-attention module of {kind} goes through the attention interface "
+            f"(its scores are computed in its own forward and the family has no adapter in "
+            f"hf_attention.FAMILIES)")
+    n_layers = fam.depth(model.config) if fam.depth is not None else len(attn)
+    ffn_suffixes = options.pop("ffn_modules", None)
+    method = registry.create(spec.name, context=_context(model, n_layers), **options)
     ffn = ffn_modules(model, ffn_suffixes) if getattr(method, "ffn_on", False) else []
     if getattr(method, "ffn_on", False) and len(ffn) != len(attn):
         raise ValueError(
@@ -197,20 +395,23 @@ def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPa
     param = next(model.parameters(), None)
     if param is not None:
         method.to(device=param.device)
-    previous = model.config._attn_implementation or "eager"
+    adapter = ADAPTERS.get(fam.scores)
+    previous = None if adapter else (model.config._attn_implementation or "eager")
     state = AttentionPatchState(spec.name, method, IMPL, previous,
-                                {m: i for i, m in enumerate(attn)})
-    _register()
-    model.set_attn_implementation(IMPL)
+                                {m: i for i, m in enumerate(attn)}, fam, n_layers)
+    if adapter is None:
+        _register()
+        model.set_attn_implementation(IMPL)
     for m in attn:
         m.__dict__[STATE_ATTR] = state  # plain attribute: not a submodule, not saved
+        if adapter is not None:
+            m.forward = types.MethodType(adapter, m)
     model.add_module(METHOD_ATTR, method)
     state.handles.append(model.register_forward_pre_hook(partial(_start_forward, state),
                                                          with_kwargs=True))
-    if method.needs_hidden:
-        for i, m in enumerate(attn):
-            state.handles.append(m.register_forward_pre_hook(partial(_grab_hidden, state, i),
-                                                             with_kwargs=True))
+    for i, m in enumerate(attn):
+        state.handles.append(m.register_forward_pre_hook(
+            partial(_enter_layer, state, i, bool(method.needs_hidden)), with_kwargs=True))
     for lin in ffn:
         state.handles.append(lin.register_forward_hook(partial(_penalise, state)))
     return state
