@@ -331,12 +331,8 @@ def _register() -> None:
     AttentionMaskInterface.register(IMPL, sdpa_mask)  # both registrations, or masks are None
 
 
-def _start_forward(state: AttentionPatchState, mod, args, kwargs) -> None:
+def _start_forward(state: AttentionPatchState, _mod, args, kwargs) -> None:
     """Forward pre-hook on the model: clear the last forward's data, record the 2-D mask."""
-    if state.shared and mod.training and getattr(mod, "is_gradient_checkpointing", False):
-        raise ValueError(
-            "gradient_checkpointing: the shared layers of this family are numbered by call "
-            "order, and checkpointing re-runs them in backward; turn it off to train here")
     state.aux_losses.clear()
     state.stats.clear()
     state.hidden.clear()
