@@ -190,6 +190,17 @@ def test_decoding_with_cache_matches_full_recompute(arch, method):
     assert (full - step).abs().max().item() <= PARITY
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_prefill_into_a_static_cache_matches_plain_forward(method):
+    """HF passes no mask and Tk > Tq (the empty cache slots) for this prefill."""
+    model = build("llama")
+    attnprune.patch(model, method, **ON[method])
+    ids = batch(2)[0][:, :8]
+    cache = tf.StaticCache(config=model.config, max_cache_len=16)
+    cached = model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+    assert (model(input_ids=ids).logits - cached).abs().max().item() <= PARITY
+
+
 @pytest.mark.parametrize("method", ["crisp", "intensity", "cost"])
 def test_gqa_equals_multi_head_with_repeated_kv_weights(method):
     """Llama with 2 key/value heads for 4 query heads equals Llama with 4 full heads whose k/v

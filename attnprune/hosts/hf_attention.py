@@ -215,6 +215,12 @@ class AttentionPatchState(PatchState):
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
         key, value = repeat_kv_heads(query, key), repeat_kv_heads(query, value)
+        tq = query.shape[-2]
+        if attention_mask is None and getattr(module, "is_causal", False) and 1 < tq < key.shape[-2]:
+            # HF skips the mask with more keys than queries only when prefilling an empty
+            # static cache: the keys after the queries are empty slots (HF's SDPA path crops
+            # them too). The methods read "no mask, causal" as queries = the last Tq keys.
+            key, value = key[:, :, :tq], value[:, :, :tq]
         softcap = kwargs.get("softcap")
         if layer is None or not self.enabled:  # stock path (unnumbered module, or disabled)
             out = fused_attention(query, key, value, attention_mask,
