@@ -1,21 +1,42 @@
-"""Host for attention-level and loss methods on any Hugging Face model with the attention
-interface (transformers ≥ 5: BERT, DistilBERT, MiniLM, RoBERTa, GPT-2, …).
+"""Host for attention-level and loss methods on Hugging Face models (transformers ≥ 5):
+BERT, DistilBERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, ALBERT, MPNet, DeBERTa-v2/v3,
+ModernBERT, GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Phi-3
+(``docs/families_attention.md`` has the table of what is tested).
+
+One generic host reads a table of per-family facts (``FAMILIES``, keyed by
+``config.model_type``): which modules are the self-attention, which linear layer is the FFN's
+W1, whether a fused FFN projection's first half is the activated one, whether the scores come
+through HF's attention interface or need an adapter, and whether layers share one module.
+A family not listed gets the generic defaults; one that cannot be served says why.
 
 How it wires a method in (see ``../shared/HF_NOTES.md``):
-- registers one stateless attention function under the name ``IMPL`` twice, in
-  ``AttentionInterface`` and in ``AttentionMaskInterface`` (with ``sdpa_mask``, so the function
-  receives boolean masks, True = attend, or None), then ``model.set_attn_implementation(IMPL)``;
-  ``unpatch`` restores the previous implementation;
-- finds the self-attention modules (modules with ``scaling`` and ``is_causal`` and a config,
-  cross-attention excluded), numbers them in module order (DistilBERT has no ``layer_idx``) and
-  puts the patch state on each (``module._attnprune_attention``): the registered function
-  finds the state and the layer number from the module it is called with. A global name bound
-  to one state (a closure, a bound method) would be shared by ``copy.deepcopy`` copies of the
-  model, which then ran the original's method state; reached through the module, the state is
-  copied with the model (hooks are ``functools.partial`` over the state for the same reason);
-- methods that need the layer's hidden state (intensity) get it from a forward pre-hook on the
-  attention module; the loss method (cost) gets FFN pre-activations from forward hooks on the
-  FFN's first linear layer;
+- interface families: registers one stateless attention function under the name ``IMPL``
+  twice, in ``AttentionInterface`` and in ``AttentionMaskInterface`` (with ``sdpa_mask``, so
+  the function receives boolean masks, True = attend, or None; sliding windows arrive in that
+  mask), then ``model.set_attn_implementation(IMPL)``; ``unpatch`` restores the previous one;
+- own-forward families (MPNet, DeBERTa-v2: scores, position terms and softmax in one forward):
+  an adapter replaces the attention module's forward (instance attribute) and hands q, k, v and
+  the position terms (``bias``) to the same state, so the methods see the scores the family's
+  softmax sees;
+- what the function passes to a method, whatever the family: key/value heads repeated to the
+  query heads (grouped-query attention, :func:`repeat_kv_heads`), the family's ``softcap``
+  (Gemma 2) and additive ``bias`` (MPNet, DeBERTa), the queries' ``positions`` when the model
+  passes position ids;
+- finds the self-attention modules (the family's class names, else modules with ``scaling``
+  and ``is_causal`` and a config, cross-attention excluded), numbers them in module order
+  (DistilBERT has no ``layer_idx``) and puts the patch state on each
+  (``module._attnprune_attention``): the registered function finds the state from the module
+  it is called with. A global name bound to one state (a closure, a bound method) would be
+  shared by ``copy.deepcopy`` copies of the model, which then ran the original's method state;
+  reached through the module, the state is copied with the model (hooks are
+  ``functools.partial`` over the state, and adapters are methods bound to the module, for the
+  same reason);
+- a forward pre-hook on each attention module says which layer runs now and, for methods that
+  need it (intensity), records its input hidden state. ALBERT runs one module at every depth:
+  the runs are numbered in call order, so per-layer method settings (crisp's sparsity list and
+  adaptive schedule, intensity's predictors, cost's terms) are per depth, never shared by
+  accident between depths that share weights;
+- the loss method (cost) gets FFN pre-activations from forward hooks on the FFN's first layer;
 - a forward pre-hook on the model clears ``aux_losses`` and ``stats`` and records the 2-D
   ``attention_mask`` (real tokens) for the losses' means.
 
@@ -29,8 +50,9 @@ removes it.
 
 Contract of a method of kind "attention" or "loss" served here: an ``nn.Module`` with
 ``attend(module, query, key, value, mask, *, dropout, scaling, layer, hidden, aux, token_mask,
-need_weights) -> (out (B, Tq, H, d), probs (B, H, Tq, Tk) | None)``; class attribute
-``needs_hidden``; optionally ``ffn_on`` and ``ffn_term(pre_activation, token_mask)``.
+need_weights, softcap, bias, positions) -> (out (B, Tq, H, d), probs (B, H, Tq, Tk) | None)``
+(query, key and value with the same H heads); class attribute ``needs_hidden``; optionally
+``ffn_on`` and ``ffn_term(pre_activation, token_mask)``.
 """
 
 from __future__ import annotations
@@ -216,15 +238,15 @@ class AttentionPatchState(PatchState):
             scaling = query.shape[-1] ** -0.5
         key, value = repeat_kv_heads(query, key), repeat_kv_heads(query, value)
         tq = query.shape[-2]
-        if attention_mask is None and getattr(module, "is_causal", False) and 1 < tq < key.shape[-2]:
+        causal = bool(getattr(module, "is_causal", False))
+        if attention_mask is None and causal and 1 < tq < key.shape[-2]:
             # HF skips the mask with more keys than queries only when prefilling an empty
             # static cache: the keys after the queries are empty slots (HF's SDPA path crops
             # them too). The methods read "no mask, causal" as queries = the last Tq keys.
             key, value = key[:, :, :tq], value[:, :, :tq]
         softcap = kwargs.get("softcap")
         if layer is None or not self.enabled:  # stock path (unnumbered module, or disabled)
-            out = fused_attention(query, key, value, attention_mask,
-                                  is_causal=bool(getattr(module, "is_causal", False)),
+            out = fused_attention(query, key, value, attention_mask, is_causal=causal,
                                   scaling=scaling, dropout=dropout, training=module.training,
                                   softcap=softcap, bias=bias)
             return out, None

@@ -11,6 +11,11 @@ Per head and per query the threshold is the k-th largest allowed score of that r
 threshold are all kept, so a row may keep slightly more than k. k ≥ 1, so no row is empty, and
 s = 0 gives k = n: the stock softmax exactly.
 
+S is the score the model's own softmax sees: the host passes the family's terms (Gemma 2's
+logit softcap, MPNet's relative position bias, DeBERTa-v2's disentangled c2p/p2c terms, see
+:func:`score_terms`), and with grouped-query attention the key heads repeated per query head,
+so the top-k is taken per query head.
+
 Gradients pass straight through the kept entries: the threshold is computed without gradient
 (it is a selection, not a function we differentiate), masked entries get −∞ and so a zero
 gradient, and kept entries receive the ordinary softmax gradient. The choice of which entries
