@@ -17,6 +17,9 @@ function (eager: QKᵀ, mask, softmax), so this term costs the SDPA fusion while
 
 FFN term. W1 x + b1 is captured with a forward hook on the FFN's first linear layer (BERT
 ``intermediate.dense``, DistilBERT ``ffn.lin1``, GPT-2 ``mlp.c_fc``): no model code copied.
+Gated FFNs (Llama-family act(gate x) ⊙ up x, Phi-3's and ModernBERT's fused projections) are
+penalised on the activated projection (``gate_proj``, the fused layer's first half): that is
+where the activation, and so the sparsity, lives; the host's family table says which.
 The penalty is ‖ReLU(W1x + b1)‖₁ of the pre-activation as in eq. 2, even when the network's
 own activation is GELU (BERT, DistilBERT, GPT-2): GELU(z) ≈ ReLU(z) for z ≫ 0 and ≈ 0 for
 z ≪ 0, so pushing pre-activations below 0 is what makes GELU outputs (near-)zero and the FFN

@@ -26,8 +26,11 @@ tests compare against.
 
 Predictor input: the hidden state the attention module receives (its ``hidden_states``
 argument, i.e. x_i of eq. 3: the layer input for BERT/DistilBERT, ln_1(x) for GPT-2), captured
-by the host with a forward pre-hook on the attention module; positions are the query positions
-0..T−1 (offset by the cache length in decoding). One predictor per layer.
+by the host with a forward pre-hook on the attention module; positions are the model's own
+position ids when it passes them to its attention (Llama-family decoders), else the query
+positions 0..T−1 (offset by the cache length in decoding). One predictor per layer (per depth
+in ALBERT, whose layers share one attention module). With grouped-query attention the factors
+are per query head (``n_heads`` = query heads): (I ⊙ Q)Kᵀ never needs the key heads.
 
 ``fixed=1.0`` replaces the predictor by a constant factor: 1 reproduces the stock model.
 """
