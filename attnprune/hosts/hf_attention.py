@@ -404,9 +404,9 @@ def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPa
     attn = attention_modules(model)
     if not attn:
         raise ValueError(
-            f"model: no self-attention module of {kind} goes through the attention interface "
-            f"(its scores are computed in its own forward and the family has no adapter in "
-            f"hf_attention.FAMILIES)")
+            f"model: found no self-attention module in {kind} that calls HF's attention "
+            f"interface, and its family has no adapter for scores computed in its own forward "
+            f"(hf_attention.FAMILIES)")
     n_layers = fam.depth(model.config) if fam.depth is not None else len(attn)
     ffn_suffixes = options.pop("ffn_modules", None)
     method = registry.create(spec.name, context=_context(model, n_layers), **options)
