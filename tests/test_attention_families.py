@@ -320,6 +320,12 @@ def test_refused_families_say_why(monkeypatch):
     with pytest.raises(ValueError, match="DeBERTa v1"):
         attnprune.patch(model, "crisp", sparsity=0.5)
     assert attnprune.patch_state(model) is None
+    # attention sinks (GPT-OSS) add a per-head logit column the methods do not model
+    llama = attnprune.patch(build("llama"), "crisp", sparsity=0.5)
+    q = torch.zeros(1, 4, 2, 8)
+    with pytest.raises(ValueError, match="s_aux"):
+        attnprune.patch_state(llama).attention_fn(attention_modules(llama)[0], q, q, q, None,
+                                                  s_aux=torch.zeros(4))
     # a family whose attention the host cannot find: said, not a crash in the first forward
     monkeypatch.setitem(FAMILIES, "electra", Family(attention=("NoSuchAttention",)))
     with pytest.raises(ValueError, match="own forward"):

@@ -133,8 +133,9 @@ FAMILIES: dict[str, Family] = {
     "modernbert": Family(attention=("ModernBertAttention",), ffn=("mlp.Wi",),
                          ffn_first_half=True),
     "deberta": Family(refused=(
-        "DeBERTa v1 computes its scores inside its own forward with a fused in_proj and its "
-        "own c2p/p2c terms; only DeBERTa-v2/v3 has a scores adapter here")),
+        "DeBERTa v1 computes its scores inside its own forward (a fused in_proj, its own "
+        "c2p/p2c terms, optional talking-head mixing of the scores across heads) and no "
+        "adapter is written for it; DeBERTa-v2/v3 (model_type 'deberta-v2') is supported")),
 }
 
 
