@@ -45,6 +45,15 @@ ARCHS = {
                                        query_pre_attn_scalar=8, attn_logit_softcapping=5.0),
                tf.Gemma2ForCausalLM),
     "phi3": (lambda: tf.Phi3Config(**_DEC), tf.Phi3ForCausalLM),
+    "gpt2": (lambda: tf.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                   initializer_range=0.2, bos_token_id=0, eos_token_id=0),
+             tf.GPT2LMHeadModel),
+    "bert": (lambda: tf.BertConfig(**_BASE), tf.BertForSequenceClassification),
+    "roberta": (lambda: tf.RobertaConfig(**_BASE), tf.RobertaForSequenceClassification),
+    "distilbert": (lambda: tf.DistilBertConfig(vocab_size=V, dim=32, n_layers=2, n_heads=4,
+                                               hidden_dim=64, max_position_embeddings=64,
+                                               initializer_range=0.2),
+                   tf.DistilBertForSequenceClassification),
     "xlm-roberta": (lambda: tf.XLMRobertaConfig(**_BASE), tf.XLMRobertaForSequenceClassification),
     "camembert": (lambda: tf.CamembertConfig(**_BASE), tf.CamembertForSequenceClassification),
     "electra": (lambda: tf.ElectraConfig(**_BASE, embedding_size=16),
@@ -58,7 +67,7 @@ ARCHS = {
                    tf.DebertaV2ForSequenceClassification),
     "modernbert": (_modernbert, tf.ModernBertForSequenceClassification),
 }
-DECODERS = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3"]
+DECODERS = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt2"]
 METHODS = attnprune.list_methods("attention") + attnprune.list_methods("loss")
 # per method: the neutral setting (stock outputs) and a setting that acts
 NEUTRAL = {"crisp": {"sparsity": 0.0}, "intensity": {"fixed": 1.0}, "cost": {"lam": 0.0}}
@@ -109,10 +118,11 @@ def test_every_registered_method_has_settings():
     assert set(METHODS) == set(NEUTRAL) == set(ON)
 
 
-def test_every_family_is_listed():
+def test_every_family_is_listed_and_walked():
     for arch in ARCHS:
         assert arch in FAMILIES, arch
         assert build(arch).config.model_type == arch
+    assert {k for k, f in FAMILIES.items() if not f.refused} == set(ARCHS)
 
 
 @pytest.mark.parametrize("method", METHODS)
