@@ -238,6 +238,27 @@ def test_gqa_equals_multi_head_with_repeated_kv_weights(method):
                                                                rel=1e-5)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_position_bias_through_the_interface_is_added_like_hf(method):
+    """Families that pass an additive ``position_bias`` to the attention function (T5-style,
+    MPT's ALiBi) get it added to the scores, as HF's SDPA function does."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    model = attnprune.patch(build("bert"), method, **NEUTRAL[method])
+    module = attention_modules(model)[0]
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 4, 5, 8, generator=g) for _ in range(3))
+    bias = torch.randn(1, 4, 5, 5, generator=g) * 3
+    mask = torch.ones(2, 1, 5, 5, dtype=torch.bool)
+    mask[1, ..., 3:] = False
+    ref = sdpa_attention_forward(module, q, k, v, mask, scaling=0.3, position_bias=bias)[0]
+    out = attnprune.patch_state(model).attention_fn(module, q, k, v, mask, scaling=0.3,
+                                                    position_bias=bias)[0]
+    assert (out - ref).abs().max().item() <= PARITY
+    no_bias = sdpa_attention_forward(module, q, k, v, mask, scaling=0.3)[0]
+    assert (no_bias - ref).abs().max().item() > 1e-2
+
+
 def _no_softcap(model):
     for m in attention_modules(model):
         m.attn_logit_softcapping = None

@@ -237,6 +237,8 @@ class AttentionPatchState(PatchState):
             layer = self.current
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
+        if bias is None:  # families passing an additive score term through the interface
+            bias = kwargs.get("position_bias")  # (T5-style relative bias, MPT's ALiBi)
         key, value = repeat_kv_heads(query, key), repeat_kv_heads(query, value)
         tq = query.shape[-2]
         causal = bool(getattr(module, "is_causal", False))
@@ -245,6 +247,7 @@ class AttentionPatchState(PatchState):
             # static cache: the keys after the queries are empty slots (HF's SDPA path crops
             # them too). The methods read "no mask, causal" as queries = the last Tq keys.
             key, value = key[:, :, :tq], value[:, :, :tq]
+            bias = None if bias is None else bias[..., :tq]
         softcap = kwargs.get("softcap")
         if layer is None or not self.enabled:  # stock path (unnumbered module, or disabled)
             out = fused_attention(query, key, value, attention_mask, is_causal=causal,
