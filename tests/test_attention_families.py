@@ -200,6 +200,20 @@ def test_decoding_with_cache_matches_full_recompute(arch, method):
     assert (full - step).abs().max().item() <= PARITY
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_intensity_fused_path_equals_literal_eq8(arch):
+    """(I ⊙ Q)Kᵀ through SDPA (the bias joining the mask; softcap families dense) equals eq. 8
+    computed literally, with GQA, position terms and softcaps in play."""
+    model = build(arch)
+    ids, mask = batch()
+    attnprune.patch(model, "intensity")
+    fused = outputs(model, ids, mask)
+    weights = model.attnprune_method.state_dict()
+    attnprune.patch(model, "intensity", path="eager")
+    model.attnprune_method.load_state_dict(weights)
+    assert (outputs(model, ids, mask) - fused).abs().max().item() <= PARITY
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_prefill_into_a_static_cache_matches_plain_forward(method):
     """HF passes no mask and Tk > Tq (the empty cache slots) for this prefill."""
