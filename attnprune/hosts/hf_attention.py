@@ -197,6 +197,7 @@ def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPa
     param = next(model.parameters(), None)
     if param is not None:
         method.to(device=param.device)
+    method.train(model.training)  # follow the model's mode (model.eval() came before the patch)
     previous = model.config._attn_implementation or "eager"
     state = AttentionPatchState(spec.name, method, IMPL, previous,
                                 {m: i for i, m in enumerate(attn)})
