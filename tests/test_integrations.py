@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -231,6 +232,8 @@ def test_trainer_trains_ltp_with_aux_loss_and_checkpoints(bert_tok, tmp_path):
                              train_dataset=rows, data_collator=DataCollatorWithPadding(bert_tok))
     resumed.train(resume_from_checkpoint=str(ckpt))
     assert resumed.state.global_step == 18
+    metrics = resumed.evaluate(eval_dataset=rows)  # eval: the hard-pruned forward's task loss
+    assert math.isfinite(metrics["eval_loss"]) and "eval_aux_loss" not in metrics
 
 
 def test_trainer_distils_from_a_teacher(bert_tok, tmp_path):
@@ -255,13 +258,19 @@ def test_trainer_distils_from_a_teacher(bert_tok, tmp_path):
 def test_trainer_on_gpt2_with_gradient_accumulation(gpt_tok, tmp_path):
     """Causal LM: the Trainer passes ``num_items_in_batch`` to the model and normalises the
     task loss over the accumulated batch; the aux term is divided by the steps here."""
+    from datasets import Dataset
+
     model = tiny_gpt2()
     attnprune.patch(model, "ltp", keep_ratio=0.3)
-    rows = [gpt_tok(t) for t in ["hello world", "abc def ghi", "the quick brown fox"] * 4]
+    texts = ["hello world", "abc def ghi", "the quick brown fox"] * 4
+    # A datasets.Dataset with a text column: the Trainer drops the columns the model's
+    # forward does not take (it reads the signature of the patched model's forward).
+    data = Dataset.from_dict({"text": texts}).map(lambda r: gpt_tok(r["text"]))
+    rows = [gpt_tok(t) for t in texts]
     collator = DataCollatorForLanguageModeling(gpt_tok, mlm=False)
     trainer = PruningTrainer(model=model, args=args(tmp_path, gradient_accumulation_steps=2,
                                                     num_train_epochs=1),
-                             train_dataset=rows, data_collator=collator)
+                             train_dataset=data, data_collator=collator)
     assert trainer.model_accepts_loss_kwargs
     batch = dict(collator(rows[:4]))
     model.train()
@@ -275,6 +284,19 @@ def test_trainer_on_gpt2_with_gradient_accumulation(gpt_tok, tmp_path):
     before = model.transformer.attnprune_method.tau.detach().clone()
     trainer.train()
     assert not torch.equal(before, model.transformer.attnprune_method.tau)
+    # save_model (safetensors, tied embeddings) → a freshly patched model gives the same logits
+    trainer.save_model(str(tmp_path / "final"))
+    fresh = GPT2LMHeadModel.from_pretrained(tmp_path / "final")
+    attnprune.patch(fresh, "ltp", keep_ratio=0.3)
+    from safetensors.torch import load_file
+
+    missing, unexpected = fresh.load_state_dict(load_file(tmp_path / "final" / "model.safetensors"),
+                                                strict=False)
+    assert not unexpected and all(k == "lm_head.weight" for k in missing)  # tied to wte
+    model.eval(), fresh.eval()
+    x = torch.tensor([gpt_tok("the quick brown fox jumps").input_ids])
+    with torch.no_grad():
+        assert torch.equal(fresh(x).logits, model(x).logits)
 
 
 def test_distillation_loss():
