@@ -171,6 +171,32 @@ def test_generate_cached_logits_match_full_recompute(method):
     assert (stock - full).abs().max() > 1e-3  # pruning changed the logits
 
 
+@pytest.mark.parametrize("method,options", [("crisp", {"sparsity": 0.5}), ("intensity", {})])
+def test_generate_left_padded_batch_equals_single_with_attention_methods(method, options):
+    """Position-aware intensity reads the ``position_ids`` generate() gives left-padded rows,
+    so a row's logits do not depend on the padding in front of it."""
+    model = tiny_gpt2().eval()
+    attnprune.patch(model, method, **options)
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():  # a decisive, position-dependent predictor
+        for p in model.attnprune_method.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 3)
+    prompts = [torch.randint(2, 30, (n,), generator=g) for n in (5, 12, 20)]
+    L = max(len(p) for p in prompts)
+    ids = torch.zeros(3, L, dtype=torch.long)
+    mask = torch.zeros(3, L, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p):], mask[i, L - len(p):] = p, 1
+    kw = {"max_new_tokens": 6, "do_sample": False, "output_logits": True,
+          "return_dict_in_generate": True}
+    batch = model.generate(ids, attention_mask=mask, **kw)
+    for i, p in enumerate(prompts):
+        one = model.generate(p[None], **kw)
+        assert torch.equal(one.sequences[0, len(p):], batch.sequences[i, L:])
+        for a, b in zip(one.logits, batch.logits):
+            assert torch.allclose(a[0], b[i], atol=1e-5)
+
+
 # -- Trainer --------------------------------------------------------------------------------
 def classification_rows(tok, n: int = 24) -> list[dict]:
     rows = []

@@ -100,6 +100,7 @@ class AttentionPatchState(PatchState):
         self.handles: list = []
         self.hidden: dict[int, torch.Tensor] = {}
         self.token_mask: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None  # the model's position_ids of this forward
         self.need_weights = False  # set by analysis to receive probabilities
         # False = stock attention and no penalties (the full reference on the same weights and
         # batches, as ``attnprune.finetune.evaluate`` does with every host)
@@ -119,7 +120,7 @@ class AttentionPatchState(PatchState):
         out, probs = self.modules.attend(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
             layer=layer, hidden=self.hidden.get(layer), aux=self.aux_losses,
-            token_mask=self.token_mask, need_weights=self.need_weights)
+            token_mask=self.token_mask, need_weights=self.need_weights, positions=self.positions)
         return out, probs
 
     def unpatch(self, model: nn.Module) -> None:
@@ -169,6 +170,9 @@ def _start_forward(state: AttentionPatchState, _mod, args, kwargs) -> None:
     state.hidden.clear()
     m = kwargs.get("attention_mask")
     state.token_mask = m.bool() if isinstance(m, torch.Tensor) and m.dim() == 2 else None
+    # generate() gives left-padded rows position_ids that start at their first real token
+    p = kwargs.get("position_ids")
+    state.positions = p if isinstance(p, torch.Tensor) else None
 
 
 def _grab_hidden(state: AttentionPatchState, i: int, _mod, args, kwargs) -> None:

@@ -66,10 +66,12 @@ class IntensityPredictor(nn.Module):
         self.lo, self.hi, self.residual = lo, hi, residual
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Intensity factors (B, H', T) in [lo, hi] for hidden states x (B, T, d)."""
+        """Intensity factors (B, H', T) in [lo, hi] for hidden states x (B, T, d) at
+        ``positions`` (T,) or (B, T)."""
         z = self.norm(x)  # (B, T, d)
         if self.pos is not None:
-            z = z + POS_WEIGHT * self.pos(positions)[None]
+            pe = self.pos(positions)  # (T, d) or (B, T, d)
+            z = z + POS_WEIGHT * (pe if pe.dim() == 3 else pe[None])
         h1 = F.relu(self.fc1(z))
         h = F.relu(self.fc2(h1))
         if self.residual:
@@ -128,16 +130,23 @@ class IntensityModulation(nn.Module):
             )
 
     def intensity(self, hidden: Tensor | None, layer: int, tq: int, tk: int, batch: int,
-                  device: torch.device) -> Tensor:
-        """Factors (B, H'|1, Tq) for the queries of ``layer``; H' broadcasts over heads."""
+                  device: torch.device, positions: Tensor | None = None) -> Tensor:
+        """Factors (B, H'|1, Tq) for the queries of ``layer``; H' broadcasts over heads.
+
+        ``positions``: the model's ``position_ids`` when it was given them ((B|1, ≥ Tq), as
+        ``generate`` does for left-padded rows); else the query indices offset by the cache.
+        """
         if self.fixed is not None:
             return torch.full((1, 1, tq), float(self.fixed), device=device)
         if hidden is None:
             raise RuntimeError("intensity: the host did not capture the layer's hidden state")
-        positions = torch.arange(tk - tq, tk, device=device)
-        if int(positions[-1]) >= self.max_positions:
+        if positions is not None and positions.dim() == 2 and positions.shape[1] >= tq:
+            positions = positions[:, -tq:].to(device)
+        else:
+            positions = torch.arange(tk - tq, tk, device=device)
+        if int(positions.max()) >= self.max_positions:
             raise ValueError(
-                f"max_positions: sequence position {int(positions[-1])} exceeds the predictor's "
+                f"max_positions: sequence position {int(positions.max())} exceeds the predictor's "
                 f"{self.max_positions} positions"
             )
         return self.predictors[layer](hidden[:, -tq:], positions)
@@ -155,12 +164,14 @@ class IntensityModulation(nn.Module):
         layer: int,
         hidden: Tensor | None = None,
         need_weights: bool = False,
+        positions: Tensor | None = None,
         **_,
     ) -> tuple[Tensor, Tensor | None]:
         """Modulated attention; out (B, Tq, H, d). ``need_weights`` forces the eager path."""
         b, _, tq, _ = query.shape
         tk = key.shape[-2]
-        inten = self.intensity(hidden, layer, tq, tk, b, query.device)[..., None]  # (B,H',Tq,1)
+        inten = self.intensity(hidden, layer, tq, tk, b, query.device,
+                               positions)[..., None]  # (B,H',Tq,1)
         is_causal = bool(getattr(module, "is_causal", False))
         if self.path == "eager" or need_weights:
             allowed = allowed_keys(mask, is_causal, tq, tk, query.device)
