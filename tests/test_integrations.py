@@ -73,6 +73,16 @@ def force_causal_pruning(model) -> None:
         m.tau.fill_(0.5)
 
 
+def left_padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention_mask) of the prompts padded on the left, as generate() wants them."""
+    L = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), L, dtype=torch.long)
+    mask = torch.zeros(len(prompts), L, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p):], mask[i, L - len(p):] = p, 1
+    return ids, mask
+
+
 def scores(result) -> torch.Tensor:
     """Pipeline output for one text (a list of {label, score}) → scores ordered by label."""
     while isinstance(result, list) and len(result) == 1 and isinstance(result[0], list):
@@ -149,11 +159,8 @@ def test_generate_cached_logits_match_full_recompute(method):
                 pol.w2.bias.zero_()
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(2, 30, (n,), generator=g) for n in (5, 12, 20)]
-    L = max(len(p) for p in prompts)
-    ids = torch.zeros(3, L, dtype=torch.long)
-    mask = torch.zeros(3, L, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, L - len(p):], mask[i, L - len(p):] = p, 1
+    ids, mask = left_padded(prompts)
+    L = ids.shape[1]
     out = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
                          output_logits=True, return_dict_in_generate=True)
     pruned_any = False
@@ -182,11 +189,8 @@ def test_generate_left_padded_batch_equals_single_with_attention_methods(method,
         for p in model.attnprune_method.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 3)
     prompts = [torch.randint(2, 30, (n,), generator=g) for n in (5, 12, 20)]
-    L = max(len(p) for p in prompts)
-    ids = torch.zeros(3, L, dtype=torch.long)
-    mask = torch.zeros(3, L, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, L - len(p):], mask[i, L - len(p):] = p, 1
+    ids, mask = left_padded(prompts)
+    L = ids.shape[1]
     kw = {"max_new_tokens": 6, "do_sample": False, "output_logits": True,
           "return_dict_in_generate": True}
     batch = model.generate(ids, attention_mask=mask, **kw)
