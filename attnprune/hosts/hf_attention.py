@@ -220,6 +220,7 @@ class AttentionPatchState(PatchState):
         self.handles: list = []
         self.hidden: dict[int, torch.Tensor] = {}
         self.token_mask: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None  # the model's position_ids of this forward
         self.need_weights = False  # set by analysis to receive probabilities
         # False = stock attention and no penalties (the full reference on the same weights and
         # batches, as ``attnprune.finetune.evaluate`` does with every host)
@@ -259,7 +260,8 @@ class AttentionPatchState(PatchState):
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
             layer=layer, hidden=self.hidden.get(layer), aux=self.aux_losses,
             token_mask=self.token_mask, need_weights=self.need_weights, softcap=softcap,
-            bias=bias, positions=positions if isinstance(positions, torch.Tensor) else None)
+            bias=bias,
+            positions=positions if isinstance(positions, torch.Tensor) else self.positions)
         return out, probs
 
     def unpatch(self, model: nn.Module) -> None:
@@ -371,6 +373,9 @@ def _start_forward(state: AttentionPatchState, _mod, args, kwargs) -> None:
     state.calls = 0
     m = kwargs.get("attention_mask")
     state.token_mask = m.bool() if isinstance(m, torch.Tensor) and m.dim() == 2 else None
+    # generate() gives left-padded rows position_ids that start at their first real token
+    p = kwargs.get("position_ids")
+    state.positions = p if isinstance(p, torch.Tensor) else None
 
 
 def _enter_layer(state: AttentionPatchState, i: int, needs_hidden: bool, _mod, args,
@@ -423,6 +428,7 @@ def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPa
     param = next(model.parameters(), None)
     if param is not None:
         method.to(device=param.device)
+    method.train(model.training)  # follow the model's mode (model.eval() came before the patch)
     adapter = ADAPTERS.get(fam.scores)
     previous = None if adapter else (model.config._attn_implementation or "eager")
     state = AttentionPatchState(spec.name, method, IMPL, previous,

@@ -568,6 +568,7 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     param = next(model.parameters(), None)
     if param is not None:
         method.to(device=param.device, dtype=param.dtype)
+    method.train(model.training)  # follow the model's mode (model.eval() came before the patch)
     rho = keep_ratio if isinstance(keep_ratio, (int, float)) else min(sched)
     state = HFEncoderState(spec.name, method, encoder, layers, qk, sched, float(rho), cfg,
                            family, output, soft_mode, bucket_rows)

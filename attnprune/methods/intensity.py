@@ -69,7 +69,8 @@ class IntensityPredictor(nn.Module):
         self.lo, self.hi, self.residual = lo, hi, residual
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Intensity factors (B, H', T) in [lo, hi] for hidden states x (B, T, d)."""
+        """Intensity factors (B, H', T) in [lo, hi] for hidden states x (B, T, d) at
+        ``positions`` (T,) or (B, T)."""
         z = self.norm(x)  # (B, T, d)
         if self.pos is not None:  # positions (T,) or (1|B, T)
             z = z + POS_WEIGHT * self.pos(positions if positions.dim() == 2 else positions[None])
@@ -134,14 +135,20 @@ class IntensityModulation(nn.Module):
                   device: torch.device, positions: Tensor | None = None) -> Tensor:
         """Factors (B, H'|1, Tq) for the queries of ``layer``; H' broadcasts over heads.
 
-        ``positions``: the queries' position ids (1|B, Tq) when the model passes them to its
-        attention (Llama-family decoders do): they stay right when a sliding-window cache keeps
-        fewer keys than positions seen. Otherwise the queries are the last Tq of Tk keys."""
+        ``positions``: the queries' position ids (1|B, ≥ Tq; the last Tq are the queries') when
+        the model passes them to its attention (Llama-family decoders do) or to its forward
+        (``generate`` does, for left-padded rows): they stay right when a sliding-window cache
+        keeps fewer keys than positions seen. Otherwise the queries are the last Tq of Tk keys.
+        """
         if self.fixed is not None:
             return torch.full((1, 1, tq), float(self.fixed), device=device)
         if hidden is None:
             raise RuntimeError("intensity: the host did not capture the layer's hidden state")
-        if positions is None or positions.shape[-1] != tq:
+        if positions is not None and positions.dim() == 1:
+            positions = positions[None]
+        if positions is not None and positions.dim() == 2 and positions.shape[-1] >= tq:
+            positions = positions[:, -tq:]
+        else:
             positions = torch.arange(tk - tq, tk, device=device)[None]
         positions = positions.to(device=device, dtype=torch.long).clamp_min(0)
         if int(positions.max()) >= self.max_positions:
