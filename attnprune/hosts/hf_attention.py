@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from .. import registry
-from . import PatchState, register_host, remove_state_hooks
+from . import PatchState, add_method_module, register_host, remove_method_module, remove_state_hooks
 
 METHOD_ATTR = "attnprune_method"
 # FFN first layers (W1 of eq. 2 in the cost paper), by module-name suffix, per model family
@@ -104,6 +104,12 @@ class AttentionPatchState(PatchState):
         # False = stock attention and no penalties (the full reference on the same weights and
         # batches, as ``attnprune.finetune.evaluate`` does with every host)
         self.enabled = True
+        # True when a token method is stacked on the same model (``patch(..., stack=True)``):
+        # layers after a gather see fewer, re-ordered tokens (and row groups fewer rows), so
+        # the model-level 2-D mask no longer lines up with them; each call then reads the real
+        # tokens from the mask it is given, and the FFN hook of the same layer reuses them.
+        self.derive_token_mask = False
+        self.layer_token_mask: torch.Tensor | None = None
 
     def attention_fn(self, module, query, key, value, attention_mask, dropout=0.0,
                      scaling=None, **kwargs):
@@ -116,10 +122,13 @@ class AttentionPatchState(PatchState):
 
             return sdpa_attention_forward(module, query, key, value, attention_mask,
                                           dropout=dropout, scaling=scaling, **kwargs)
+        token_mask = self.token_mask
+        if self.derive_token_mask:
+            token_mask = self.layer_token_mask = real_tokens(attention_mask, query.shape[-2])
         out, probs = self.modules.attend(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
             layer=layer, hidden=self.hidden.get(layer), aux=self.aux_losses,
-            token_mask=self.token_mask, need_weights=self.need_weights)
+            token_mask=token_mask, need_weights=self.need_weights)
         return out, probs
 
     def unpatch(self, model: nn.Module) -> None:
@@ -133,9 +142,20 @@ class AttentionPatchState(PatchState):
         model.set_attn_implementation(self.previous)
         for m in self.layer_of:
             m.__dict__.pop(STATE_ATTR, None)
-        if METHOD_ATTR in model._modules:
-            del model._modules[METHOD_ATTR]
+        remove_method_module(model, self.modules)
         self.hidden.clear()
+
+
+def real_tokens(mask: torch.Tensor | None, tq: int) -> torch.Tensor | None:
+    """(B, Tq) bool: the real (non-padding) tokens among the last ``tq`` keys of an attention
+    mask (boolean True = attend, or additive float), or None (no mask: all real).
+
+    A key is real iff some query may attend to it: padding keys are masked in every row, and a
+    real key is at least visible to itself (bidirectional and causal masks alike)."""
+    if mask is None:
+        return None
+    allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    return allowed.any(dim=-2)[:, 0, -tq:]  # (B, Tq)
 
 
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -179,7 +199,8 @@ def _grab_hidden(state: AttentionPatchState, i: int, _mod, args, kwargs) -> None
 def _penalise(state: AttentionPatchState, _mod, _inp, out) -> None:
     """Forward hook on an FFN first layer: the cost method's activation term."""
     if state.enabled:
-        state.aux_losses.append(state.modules.ffn_term(out, state.token_mask))
+        mask = state.layer_token_mask if state.derive_token_mask else state.token_mask
+        state.aux_losses.append(state.modules.ffn_term(out, mask))
 
 
 @register_host("hf_attention", kinds=("attention", "loss"), matches=_matches)
@@ -204,7 +225,7 @@ def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPa
     model.set_attn_implementation(IMPL)
     for m in attn:
         m.__dict__[STATE_ATTR] = state  # plain attribute: not a submodule, not saved
-    model.add_module(METHOD_ATTR, method)
+    add_method_module(model, method)  # METHOD_ATTR, or a free variant when stacked
     state.handles.append(model.register_forward_pre_hook(partial(_start_forward, state),
                                                          with_kwargs=True))
     if method.needs_hidden:

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from ..registry import register
-from .crisp import allowed_keys, masked_scores, softmax_rows
+from .crisp import allowed_keys, masked_scores, score_bias, softmax_rows
 
 LOCATIONS = ("both", "attention", "ffn")
 
@@ -106,7 +106,7 @@ class CostIncentive(nn.Module):
                 scale=scaling, is_causal=causal)
             return out.transpose(1, 2).contiguous(), None
         allowed = allowed_keys(mask, is_causal, tq, tk, query.device)
-        probs = softmax_rows(masked_scores(query, key, scaling, allowed))
+        probs = softmax_rows(masked_scores(query, key, scaling, allowed, score_bias(mask, tk)))
         if self.attention_on and aux is not None:
             h = row_entropy_bits(probs.float())  # (B, H, Tq)
             tm = None if token_mask is None else token_mask[:, None, -tq:]

@@ -83,10 +83,29 @@ def allowed_keys(
     return None
 
 
-def masked_scores(query: Tensor, key: Tensor, scaling: float, allowed: Tensor | None) -> Tensor:
-    """S = QKᵀ·scaling with disallowed entries at −∞; (B, H, Tq, Tk)."""
+def score_bias(mask: Tensor | None, tk: int) -> Tensor | None:
+    """The finite part of an additive float mask, to add to the scores, or None.
+
+    HF's own masks are boolean here (``sdpa_mask``) or 0 / finfo.min, which ``allowed_keys``
+    covers. A token method stacked on the same model (``attnprune.patch(..., stack=True)``)
+    passes, in training, soft masks log m̃_j on the keys (``hf_encoder`` ``soft_mode="bias"``,
+    ``hf_causal``'s alive weights); treating them as allowed/not-allowed only would drop the
+    relaxation that lets the token gate learn."""
+    if mask is None or mask.dtype == torch.bool:
+        return None
+    m = mask[..., -tk:]
+    return torch.where(m > torch.finfo(m.dtype).min / 2, m, torch.zeros((), dtype=m.dtype,
+                                                                       device=m.device))
+
+
+def masked_scores(query: Tensor, key: Tensor, scaling: float, allowed: Tensor | None,
+                  bias: Tensor | None = None) -> Tensor:
+    """S = QKᵀ·scaling (+ ``bias``, see :func:`score_bias`) with disallowed entries at −∞;
+    (B, H, Tq, Tk)."""
     # in place on the fresh matmul output: neither op's backward needs the overwritten values
     scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)  # not in place: the bias may need a gradient
     if allowed is not None:
         scores.masked_fill_(~allowed, float("-inf"))
     return scores
@@ -174,7 +193,7 @@ class CrispAttention(nn.Module):
         tq, tk = query.shape[-2], key.shape[-2]
         allowed = allowed_keys(mask, bool(getattr(module, "is_causal", False)), tq, tk,
                                query.device)
-        scores = masked_scores(query, key, scaling, allowed)
+        scores = masked_scores(query, key, scaling, allowed, score_bias(mask, tk))
         if self.schedule == "adaptive" and self.training:
             self._update_entropy(layer, scores)
         s = self.layer_sparsity()[layer]

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..registry import register
-from .crisp import allowed_keys, masked_scores, softmax_rows
+from .crisp import allowed_keys, masked_scores, score_bias, softmax_rows
 
 POS_WEIGHT = 0.1  # eq. 3 of the paper
 
@@ -166,6 +166,9 @@ class IntensityModulation(nn.Module):
             allowed = allowed_keys(mask, is_causal, tq, tk, query.device)
             # eq. 8 literally: I ⊙ (QKᵀ) then /√d_k (scaling), disallowed entries −∞
             scores = masked_scores(query, key, 1.0, allowed) * inten.to(query.dtype) * scaling
+            bias = score_bias(mask, tk)  # soft token masks of a stacked token method
+            if bias is not None:
+                scores = scores + bias.to(scores.dtype)
             probs = softmax_rows(scores).to(value.dtype)
             probs = F.dropout(probs, p=dropout, training=module.training)
             return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
