@@ -76,7 +76,7 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike, tokenizer=None) -
     from transformers import PreTrainedModel
 
     if not isinstance(model, PreTrainedModel):
-        raise ValueError(f"model: save_pretrained needs a Hugging Face PreTrainedModel, got "
+        raise ValueError(f"model: save_pretrained needs a Hugging Face PreTrainedModel, got "  # noqa: TRY004 (the API's errors are ValueErrors)
                          f"{type(model).__name__}")
     path = Path(path)
     _check_target(path)
@@ -169,7 +169,7 @@ def _json_options(state) -> dict:
 def _schedule(state):
     """What the options resolved to, for the load-time check: the encoder host's cumulative
     keep ratios, the causal host's decision layers and budget, crisp's per-layer sparsity."""
-    if hasattr(state, "schedule") and isinstance(getattr(state, "schedule"), tuple):
+    if hasattr(state, "schedule") and isinstance(state.schedule, tuple):
         return {"keep_ratios": [float(v) for v in state.schedule]}
     if hasattr(state, "method_module") and hasattr(state, "layers"):
         kr = state.keep_ratio
@@ -293,7 +293,7 @@ def read_recipe(folder: str | os.PathLike) -> dict:
                          f"format versions 1..{FORMAT_VERSION}: upgrade attnprune")
     patches = recipe.get("patches")
     if not isinstance(patches, list):
-        raise ValueError(f"{file}: 'patches' must be a list")
+        raise ValueError(f"{file}: 'patches' must be a list")  # noqa: TRY004 (a bad file, not a bad argument)
     for p in patches:
         if not isinstance(p, dict) or not isinstance(p.get("options"), dict) or "method" not in p:
             raise ValueError(f"{file}: every patch needs 'method' and 'options', got {p!r}")

@@ -58,7 +58,7 @@ class PatchStack(PatchState):
     has it (``bucket_rows`` to the token state, ``need_weights`` to the attention state).
     """
 
-    def __init__(self, states: list[PatchState]) -> None:  # noqa: D107 (no super: all delegated)
+    def __init__(self, states: list[PatchState]) -> None:  # no super(): every field is delegated
         object.__setattr__(self, "states", list(states))
 
     # -- read like one state ----------------------------------------------------------------
