@@ -43,10 +43,6 @@ def patch(model: nn.Module, method: str, *, stack: bool = False, **options) -> n
     except Exception:  # noqa: BLE001 (any uncopyable option; save_pretrained refuses it by name)
         kept = dict(options)
     state = host.patch(model, spec, **options)
-    if isinstance(state.modules, nn.Module):
-        # follow the model's mode: a method added to an eval model (e.g. one just loaded)
-        # must not run its training path (crisp's EMA updates, LTP's calibration, dropout)
-        state.modules.train(model.training)
     state.requested, state.options, state.kind = method, kept, spec.kind
     if below:
         for s in [*below, state]:

@@ -262,7 +262,10 @@ def from_pretrained(path: str | os.PathLike, **hf_kwargs) -> nn.Module:
         if rebuilt != p["schedule"]:
             raise ValueError(f"{folder / RECIPE}: {p['method']!r} rebuilt with schedule {rebuilt}, "
                              f"saved with {p['schedule']}{where}")
-    return model
+    # eval mode for the methods too, as transformers returns the model: the encoder and
+    # attention hosts leave a new method module in training mode (crisp would update its
+    # entropy EMA, LTP calibrate its thresholds, on the first forward)
+    return model.eval()
 
 
 def read_recipe(folder: str | os.PathLike) -> dict:

@@ -142,6 +142,7 @@ def saved(tmp_path_factory):
         except ValueError as e:  # the method does not run on this model (e.g. not causal)
             unsupported[name] = str(e)
             continue
+        model.eval()  # the methods too (from_pretrained returns an eval model)
         before, _ = run(model, x)
         for s in states(model):
             perturb(s.modules)

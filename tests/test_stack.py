@@ -46,12 +46,12 @@ def logits(model, x):
 def test_token_plus_crisp_on_bert_both_act_and_unpatch_restores(token):
     model, x = bert(), batch()
     stock = logits(model, x)
-    attnprune.patch(model, token, keep_ratio=0.5, after_layer=1)
+    attnprune.patch(model, token, keep_ratio=0.5, after_layer=1).eval()  # the method too
     if token == "ltp":
         with torch.no_grad():
             attnprune.patch_state(model).modules.theta.fill_(1.0)  # above-average attention only
     token_only = logits(model, x)
-    attnprune.patch(model, "crisp", sparsity=0.8, stack=True)
+    attnprune.patch(model, "crisp", sparsity=0.8, stack=True).eval()
     both = logits(model, x)
     state = attnprune.patch_state(model)
     assert isinstance(state, PatchStack) and state.method == f"{token}+crisp"
@@ -74,7 +74,7 @@ def test_token_plus_crisp_on_bert_both_act_and_unpatch_restores(token):
 def test_ltp_plus_crisp_on_gpt2_both_act_and_unpatch_restores():
     model, x = gpt2(), batch()
     stock = logits(model, x)
-    attnprune.patch(model, "ltp", keep_ratio=0.5)
+    attnprune.patch(model, "ltp", keep_ratio=0.5)  # the causal host follows the model's mode
     with torch.no_grad():
         attnprune.patch_state(model).modules.w.normal_(generator=torch.Generator().manual_seed(0))
     token_only = logits(model, x)
@@ -177,7 +177,7 @@ def test_loss_method_follows_the_tokens_after_a_gather_into_row_groups(monkeypat
     attnprune.patch(model, "ltp", keep_ratio=0.5, after_layer=1)
     with torch.no_grad():
         attnprune.patch_state(model).modules.theta.fill_(1.0)
-    attnprune.patch(model, "cost", lam=1e-2, stack=True)
+    attnprune.patch(model, "cost", lam=1e-2, stack=True).eval()
     with torch.no_grad():
         model(**x)
     state = attnprune.patch_state(model)
