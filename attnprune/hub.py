@@ -78,6 +78,11 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike, tokenizer=None) -
     if not isinstance(model, PreTrainedModel):
         raise ValueError(f"model: save_pretrained needs a Hugging Face PreTrainedModel, got "  # noqa: TRY004 (the API's errors are ValueErrors)
                          f"{type(model).__name__}")
+    quantized = [n for n, m in model.named_modules()
+                 if type(m).__module__.startswith(("torch.ao.nn.quantized", "torchao."))]
+    if quantized:
+        raise ValueError(f"model: {quantized[0]} is int8-quantized; save the fp32 model and "
+                         f"quantize after loading (attnprune.quantize_int8)")
     path = Path(path)
     _check_target(path)
     states = _states(model)

@@ -277,6 +277,12 @@ def test_save_refuses_bad_options_and_foreign_folders(tmp_path):
     assert not (tmp_path / "m" / hub.WEIGHTS).exists()
 
 
+def test_save_refuses_an_int8_model(tmp_path):
+    q = attnprune.quantize_int8(attnprune.patch(bert(), "crisp"))
+    with pytest.raises(ValueError, match="int8"):
+        attnprune.save_pretrained(q, tmp_path / "q")
+
+
 def test_patch_records_options_without_aliasing():
     sched = [1.0, 0.5]
     model = attnprune.patch(bert(), "attention_mass", keep_ratio=sched)
