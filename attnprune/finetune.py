@@ -20,8 +20,11 @@ The full reference (label ``full``) is the ``--init-from`` model when given, els
 weights with the patch disabled (then its accuracy is not a trained full model: the summary
 says which). Results folder per DESIGN.md: ``config.yaml``, ``summary.json`` (``methods`` +
 ``comparisons`` from ``attnprune.stats.compare_predictions``), ``metrics.csv``,
-``predictions/``, ``models/<label>__seed<N>/model.safetensors``, figures; reruns with the same
-``--out`` skip finished runs.
+``predictions/``, ``models/<label>__seed<N>/`` (a folder of ``attnprune.save_pretrained``:
+the HF model, its tokenizer, ``attnprune.json`` and the method's tensors, so
+``attnprune.from_pretrained(".../models/<label>__seed<N>")`` gives the trained, patched model
+in one line; its ``model.safetensors`` holds the base weights ``--init-from`` reads), figures;
+reruns with the same ``--out`` skip finished runs.
 """
 
 from __future__ import annotations
@@ -192,7 +195,8 @@ def find_weights(folder: str | os.PathLike, seed: int | None = None) -> Path:
 
 
 def save_weights(model: torch.nn.Module, folder: Path) -> Path:
-    """Save the weights as safetensors (atomically: temp file, then rename)."""
+    """Save the weights as safetensors (atomically: temp file, then rename). The format of
+    results folders before ``attnprune.save_pretrained``; kept for callers of the old one."""
     from safetensors.torch import save_model
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -204,7 +208,9 @@ def save_weights(model: torch.nn.Module, folder: Path) -> Path:
 
 def load_weights(model: torch.nn.Module, path: Path) -> None:
     """Load safetensors weights (never a pickle); keys must match the model's exactly,
-    except the method's own parameters (``attnprune_method.*``) which a full model lacks."""
+    except the method's own parameters (``attnprune_method.*``) which a full model lacks.
+    Reads both the old ``save_weights`` files (method tensors inside) and the base weights of
+    an ``attnprune.save_pretrained`` folder."""
     from safetensors.torch import load_file
 
     state = load_file(str(path))
@@ -492,7 +498,9 @@ def run(cfg: FinetuneConfig, results: ResultsDir) -> dict:
                 record["reference"] = {**_scalars(ref), "what": "same weights, pruning disabled"}
             record.update(test=_scalars(ev), history=history)
             if cfg.save_model and cfg.epochs > 0:
-                save_weights(model, results.path / "models" / results._key(key))
+                from .hub import save_pretrained
+
+                save_pretrained(model, results.path / "models" / results._key(key), tokenizer=tok)
             results.save_run(key, record)
     return summarize(cfg, results)
 

@@ -67,7 +67,7 @@ from torch import nn
 
 from .. import registry
 from ..methods.crisp import fused_attention
-from . import PatchState, register_host, remove_state_hooks
+from . import PatchState, add_method_module, register_host, remove_method_module, remove_state_hooks
 
 METHOD_ATTR = "attnprune_method"
 # FFN first layers (W1 of eq. 2 in the cost paper), by module-name suffix, for a model whose
@@ -225,6 +225,12 @@ class AttentionPatchState(PatchState):
         # False = stock attention and no penalties (the full reference on the same weights and
         # batches, as ``attnprune.finetune.evaluate`` does with every host)
         self.enabled = True
+        # True when a token method is stacked on the same model (``patch(..., stack=True)``):
+        # layers after a gather see fewer, re-ordered tokens (and row groups fewer rows), so
+        # the model-level 2-D mask no longer lines up with them; each call then reads the real
+        # tokens from the mask it is given, and the FFN hook of the same layer reuses them.
+        self.derive_token_mask = False
+        self.layer_token_mask: torch.Tensor | None = None
 
     def attention_fn(self, module, query, key, value, attention_mask, dropout=0.0,
                      scaling=None, bias=None, **kwargs):
@@ -255,13 +261,21 @@ class AttentionPatchState(PatchState):
                                   scaling=scaling, dropout=dropout, training=module.training,
                                   softcap=softcap, bias=bias)
             return out, None
+        token_mask = self.token_mask
         positions = kwargs.get("position_ids")
+        if not isinstance(positions, torch.Tensor):
+            positions = self.positions
+        if self.derive_token_mask:
+            # a stacked token method gathered tokens: the model-level mask and position ids no
+            # longer line up with this layer's tokens
+            token_mask = self.layer_token_mask = real_tokens(attention_mask, query.shape[-2])
+            positions = kwargs.get("position_ids") if isinstance(kwargs.get("position_ids"),
+                                                                 torch.Tensor) else None
         out, probs = self.modules.attend(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
             layer=layer, hidden=self.hidden.get(layer), aux=self.aux_losses,
-            token_mask=self.token_mask, need_weights=self.need_weights, softcap=softcap,
-            bias=bias,
-            positions=positions if isinstance(positions, torch.Tensor) else self.positions)
+            token_mask=token_mask, need_weights=self.need_weights, softcap=softcap,
+            bias=bias, positions=positions)
         return out, probs
 
     def unpatch(self, model: nn.Module) -> None:
@@ -277,9 +291,20 @@ class AttentionPatchState(PatchState):
         for m in self.layer_of:
             m.__dict__.pop(STATE_ATTR, None)
             m.__dict__.pop("forward", None)  # an adapter's instance forward (own-forward families)
-        if METHOD_ATTR in model._modules:
-            del model._modules[METHOD_ATTR]
+        remove_method_module(model, self.modules)
         self.hidden.clear()
+
+
+def real_tokens(mask: torch.Tensor | None, tq: int) -> torch.Tensor | None:
+    """(B, Tq) bool: the real (non-padding) tokens among the last ``tq`` keys of an attention
+    mask (boolean True = attend, or additive float), or None (no mask: all real).
+
+    A key is real iff some query may attend to it: padding keys are masked in every row, and a
+    real key is at least visible to itself (bidirectional and causal masks alike)."""
+    if mask is None:
+        return None
+    allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    return allowed.any(dim=-2)[:, 0, -tq:]  # (B, Tq)
 
 
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -397,7 +422,8 @@ def _penalise(state: AttentionPatchState, _mod, _inp, out) -> None:
     if state.enabled:
         if state.family.ffn_first_half:
             out = out.chunk(2, dim=-1)[0]
-        state.aux_losses.append(state.modules.ffn_term(out, state.token_mask))
+        mask = state.layer_token_mask if state.derive_token_mask else state.token_mask
+        state.aux_losses.append(state.modules.ffn_term(out, mask))
 
 
 @register_host("hf_attention", kinds=("attention", "loss"), matches=_matches)
@@ -440,7 +466,7 @@ def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPa
         m.__dict__[STATE_ATTR] = state  # plain attribute: not a submodule, not saved
         if adapter is not None:
             m.forward = types.MethodType(adapter, m)
-    model.add_module(METHOD_ATTR, method)
+    add_method_module(model, method)  # METHOD_ATTR, or a free variant when stacked
     state.handles.append(model.register_forward_pre_hook(partial(_start_forward, state),
                                                          with_kwargs=True))
     for i, m in enumerate(attn):

@@ -98,7 +98,7 @@ from torch import Tensor, nn
 from .. import registry
 from ..methods.base import protect_first
 from ..selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
-from . import PatchState, register_host, remove_state_hooks
+from . import PatchState, add_method_module, register_host, remove_method_module, remove_state_hooks
 
 __all__ = ["GROUP_OVERHEAD_PER_THREAD", "GROUP_OVERHEAD_TOKENS", "HFEncoderState", "group_overhead_tokens",
            "parse_schedule", "patch_hf_encoder"]
@@ -273,8 +273,7 @@ class HFEncoderState(PatchState):
         remove_state_hooks(model, self)
         if "forward" in self.encoder.__dict__:
             del self.encoder.forward
-        if hasattr(model, "attnprune_method"):
-            del model.attnprune_method
+        remove_method_module(model, self.modules)
 
     # -- attention probabilities for the scorer -------------------------------------------
     def _attention(self, layer: int, keymask_add: Tensor, rows: str, mask: Tensor) -> Tensor:
@@ -581,7 +580,7 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     )
 
     state.output_cls = BaseModelOutput if family == "distilbert" else BaseModelOutputWithPastAndCrossAttentions
-    model.add_module("attnprune_method", method)  # trained and saved with the model
+    add_method_module(model, method)  # trained and saved with the model
     if method.needs_attention:
         for q_lin, k_lin in qk:
             state._handles.append(q_lin.register_forward_hook(partial(_capture, state, "q", q_lin)))

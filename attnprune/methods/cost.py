@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from ..registry import register
-from .crisp import allowed_keys, fused_attention, masked_scores, softmax_rows
+from .crisp import allowed_keys, fused_attention, masked_scores, score_bias, softmax_rows
 
 LOCATIONS = ("both", "attention", "ffn")
 
@@ -113,7 +113,7 @@ class CostIncentive(nn.Module):
             return out, None
         allowed = allowed_keys(mask, is_causal, tq, tk, query.device)
         probs = softmax_rows(masked_scores(query, key, scaling, allowed, softcap=softcap,
-                                           bias=bias))
+                                           bias=score_bias(mask, tk, bias)))
         if self.attention_on and aux is not None:
             h = row_entropy_bits(probs.float())  # (B, H, Tq)
             tm = None if token_mask is None else token_mask[:, None, -tq:]

@@ -116,6 +116,23 @@ def masked_scores(query: Tensor, key: Tensor, scaling: float, allowed: Tensor | 
     return score_terms(scores, allowed, softcap=softcap, bias=bias)
 
 
+def score_bias(mask: Tensor | None, tk: int, bias: Tensor | None = None) -> Tensor | None:
+    """``bias`` (the family's own score terms, or None) plus the finite part of an additive
+    float mask.
+
+    HF's own masks are boolean here (``sdpa_mask``) or 0 / finfo.min, which ``allowed_keys``
+    covers. A token method stacked on the same model (``attnprune.patch(..., stack=True)``)
+    passes, in training, soft masks log m̃_j on the keys (``hf_encoder`` ``soft_mode="bias"``,
+    ``hf_causal``'s alive weights); treating them as allowed/not-allowed only would drop the
+    relaxation that lets the token gate learn."""
+    if mask is None or mask.dtype == torch.bool:
+        return bias
+    m = mask[..., -tk:]
+    soft = torch.where(m > torch.finfo(m.dtype).min / 2, m,
+                       torch.zeros((), dtype=m.dtype, device=m.device))
+    return soft if bias is None else bias + soft
+
+
 def softmax_rows(scores: Tensor) -> Tensor:
     """softmax over the last axis; rows with no allowed key (all −∞) give zeros, not NaN."""
     probs = torch.softmax(scores, dim=-1)
@@ -230,7 +247,8 @@ class CrispAttention(nn.Module):
         tq, tk = query.shape[-2], key.shape[-2]
         allowed = allowed_keys(mask, bool(getattr(module, "is_causal", False)), tq, tk,
                                query.device)
-        scores = masked_scores(query, key, scaling, allowed, softcap=softcap, bias=bias)
+        scores = masked_scores(query, key, scaling, allowed, softcap=softcap,
+                               bias=score_bias(mask, tk, bias))
         if self.schedule == "adaptive" and self.training:
             self._update_entropy(layer, scores)
         s = self.layer_sparsity()[layer]

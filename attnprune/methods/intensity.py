@@ -42,7 +42,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..registry import register
-from .crisp import allowed_keys, fused_attention, masked_scores, score_terms, softmax_rows
+from .crisp import (
+    allowed_keys,
+    fused_attention,
+    masked_scores,
+    score_bias,
+    score_terms,
+    softmax_rows,
+)
 
 POS_WEIGHT = 0.1  # eq. 3 of the paper
 
@@ -188,10 +195,10 @@ class IntensityModulation(nn.Module):
         is_causal = bool(getattr(module, "is_causal", False))
         if self.path == "eager" or need_weights:
             allowed = allowed_keys(mask, is_causal, tq, tk, query.device)
-            # eq. 8 literally: I ⊙ (QKᵀ) then /√d_k (scaling), then the family's terms and the
-            # mask (disallowed entries −∞)
+            # eq. 8 literally: I ⊙ (QKᵀ) then /√d_k (scaling), then the family's terms, the
+            # soft token masks of a stacked token method, and the mask (disallowed entries −∞)
             scores = masked_scores(query, key, 1.0, None) * inten.to(query.dtype) * scaling
-            scores = score_terms(scores, allowed, softcap=softcap, bias=bias)
+            scores = score_terms(scores, allowed, softcap=softcap, bias=score_bias(mask, tk, bias))
             probs = softmax_rows(scores).to(value.dtype)
             probs = F.dropout(probs, p=dropout, training=module.training)
             return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
