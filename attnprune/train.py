@@ -104,8 +104,8 @@ def fit(
         model.train()
         sums: dict[str, float] = {}
         n = 0
-        bar = tqdm(train_loader, desc=f"{desc} epoch {epoch}/{epochs}", disable=not progress,
-                   leave=False)
+        bar = tqdm(train_loader, desc=f"{desc} epoch {epoch}/{epochs}", leave=False,
+                   disable=not progress or not acc.is_main_process)
         for batch in bar:
             with acc.accumulate(model):
                 loss, logs = _loss(model, batch, teacher, distill_weight, distill_temperature)
@@ -119,6 +119,15 @@ def fit(
             for k, v in logs.items():
                 sums[k] = sums.get(k, 0.0) + v
             bar.set_postfix(loss=f"{sums['task'] / n:.4f}")
+        if acc.num_processes > 1:
+            # each process saw its own batches: log the mean over all of them, the same number
+            # on every process (the union of the loss terms, in case one was off somewhere)
+            from accelerate.utils import gather_object
+
+            keys = sorted(set(gather_object(list(sums))))
+            tot = acc.reduce(torch.tensor([sums.get(k, 0.0) for k in keys] + [n],
+                                          dtype=torch.float64, device=acc.device), reduction="sum")
+            sums, n = dict(zip(keys, tot[:-1].tolist())), int(tot[-1])
         record = {"epoch": epoch, **{f"train_{k}": v / max(n, 1) for k, v in sums.items()}}
         if on_epoch_end is not None:
             model.eval()
