@@ -145,3 +145,14 @@ def test_non_writer_writes_nothing(tmp_path):
     res.save_figure("f.png", plt.figure())
     assert not (tmp_path / "r").exists()
     assert not res.run_done("full__seed0") and not res.exists("summary.json")
+
+
+def test_pareto_refuses_several_processes(tmp_path, monkeypatch):
+    """pareto is a one-process command: under a launcher it stops before writing anything."""
+    from attnprune.config import ConfigError
+    from attnprune.pareto import main as pareto_main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun sets; no process group is needed
+    with pytest.raises(ConfigError, match="one process"):
+        pareto_main(["--out", str(tmp_path / "p")])
+    assert not (tmp_path / "p").exists()
