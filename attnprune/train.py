@@ -25,6 +25,8 @@ __all__ = ["fit"]
 
 def _loss(model: nn.Module, batch: dict, teacher: nn.Module | None, alpha: float,
           tau: float) -> tuple[torch.Tensor, dict]:
+    from accelerate.utils import extract_model_from_parallel
+
     from . import api
 
     inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask")}
@@ -39,7 +41,9 @@ def _loss(model: nn.Module, batch: dict, teacher: nn.Module | None, alpha: float
                       reduction="batchmean", log_target=True) * tau**2
         loss = (1 - alpha) * task + alpha * kd
         logs["distill"] = float(kd.detach())
-    aux = api.aux_loss(model)
+    # the patch state sits on the model itself, not on a DDP (or other) wrapper around it,
+    # where it would read as "no auxiliary loss"
+    aux = api.aux_loss(extract_model_from_parallel(model))
     if aux is not None:
         loss = loss + aux
         logs["aux"] = float(aux.detach())
@@ -73,6 +77,7 @@ def fit(
     ("no", "bf16", or "auto" = bf16 on a CUDA GPU, fp32 on CPU) goes to ``accelerate``.
     """
     from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
     from tqdm.auto import tqdm
     from transformers import get_linear_schedule_with_warmup
 
@@ -85,8 +90,12 @@ def fit(
         raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'auto', got {mixed_precision!r}")
     if mixed_precision == "auto":
         mixed_precision = "bf16" if torch.cuda.is_available() else "no"
+    # several processes (DDP): some methods hold parameters that this loop does not train
+    # (DTR's policy learns by REINFORCE in the causal host only), which DDP refuses unless told
+    # to look for unused parameters; their gradients stay None, as in one process
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=True)
     acc = Accelerator(gradient_accumulation_steps=grad_accum, cpu=not torch.cuda.is_available(),
-                      mixed_precision=mixed_precision)
+                      mixed_precision=mixed_precision, kwargs_handlers=[ddp])
     decay, no_decay = [], []
     for n, p in model.named_parameters():
         if p.requires_grad:

@@ -156,3 +156,30 @@ def test_pareto_refuses_several_processes(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="one process"):
         pareto_main(["--out", str(tmp_path / "p")])
     assert not (tmp_path / "p").exists()
+
+
+def test_aux_loss_reaches_the_loss_through_ddp():
+    """Under DDP the model the loop holds is a wrapper: the method's auxiliary loss (here the
+    entropy head's) must still be found and trained (a one-process group is enough)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from attnprune import api
+    from attnprune.train import _loss
+
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=30, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=32, num_labels=2))
+    api.patch(model, "entropy", keep_ratio=0.5, after_layer=1)
+    batch = {"input_ids": torch.randint(5, 30, (4, 10)),
+             "attention_mask": torch.ones(4, 10, dtype=torch.long), "labels": torch.tensor([0, 1, 0, 1])}
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        loss, logs = _loss(DistributedDataParallel(model), batch, None, 0.0, 1.0)
+        loss.backward()
+    finally:
+        dist.destroy_process_group()
+    assert logs.get("aux", 0) > 0
+    head = [p for n, p in model.named_parameters() if n.startswith("attnprune_method.")]
+    assert head and all(p.grad is not None for p in head)
