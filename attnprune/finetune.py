@@ -22,6 +22,11 @@ says which). Results folder per DESIGN.md: ``config.yaml``, ``summary.json`` (``
 ``comparisons`` from ``attnprune.stats.compare_predictions``), ``metrics.csv``,
 ``predictions/``, ``models/<label>__seed<N>/model.safetensors``, figures; reruns with the same
 ``--out`` skip finished runs.
+
+Several processes (``torchrun --nproc_per_node N -m attnprune finetune ...`` or
+``accelerate launch --multi_gpu --num_processes N -m attnprune finetune ...``, CPU or GPUs):
+data-parallel training (``--batch-size`` per process), one results folder written by process 0,
+test rows scored once across processes, timing by process 0 (:mod:`attnprune.distributed`).
 """
 
 from __future__ import annotations
@@ -260,7 +265,11 @@ def evaluate(model, loader, *, reference: bool = False, full_flops: int | None =
     full forward is counted here too. ``full_model``: the reference for relative wall time when
     it is another model (a layer-dropped or int8 ``model``), timed interleaved with it;
     ``count=False`` skips FLOPs counting (int8 kernels are not counted). Returns metrics and
-    arrays ``y_true``, ``y_pred``, ``probs``.
+    arrays ``y_true``, ``y_pred``, ``probs`` (rows in the order of the loader's dataset).
+
+    Under a launcher with N processes every process must call it: each scores every N-th
+    batch (:func:`attnprune.distributed.shard_batches`) and all get the gathered result, every
+    row once; wall time is measured by process 0 alone. Inputs go to the model's device.
     """
     from sklearn.metrics import f1_score, roc_auc_score
     from tqdm.auto import tqdm
@@ -308,6 +317,8 @@ def evaluate(model, loader, *, reference: bool = False, full_flops: int | None =
         # while the others wait in the gather below and leave the machine to it
         batches = [{k: b[k].to(dev) for k in ("input_ids", "attention_mask")}
                    for b in itertools.islice(loader, timing_batches)]
+        if full_model is not None:
+            full_model.to(dev)  # the reference runs where the model runs (a GPU after training)
         timing = _time(model, state, batches, timing_repeats, full_model) if batches else None
     parts = distributed.gather((pos, ys, probs, flops, flops_full, proxy, proxy_full, kept_tok,
                                 real_tok, timing))
