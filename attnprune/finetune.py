@@ -25,11 +25,17 @@ the HF model, its tokenizer, ``attnprune.json`` and the method's tensors, so
 ``attnprune.from_pretrained(".../models/<label>__seed<N>")`` gives the trained, patched model
 in one line; its ``model.safetensors`` holds the base weights ``--init-from`` reads), figures;
 reruns with the same ``--out`` skip finished runs.
+
+Several processes (``torchrun --nproc_per_node N -m attnprune finetune ...`` or
+``accelerate launch --multi_gpu --num_processes N -m attnprune finetune ...``, CPU or GPUs):
+data-parallel training (``--batch-size`` per process), one results folder written by process 0,
+test rows scored once across processes, timing by process 0 (:mod:`attnprune.distributed`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -40,7 +46,7 @@ import numpy as np
 import torch
 import yaml
 
-from . import api
+from . import api, distributed
 from .config import parse_command_line, to_dict
 from .measure import count_flops, env_info, time_fn, time_interleaved
 from .results import ResultsDir
@@ -265,20 +271,27 @@ def evaluate(model, loader, *, reference: bool = False, full_flops: int | None =
     full forward is counted here too. ``full_model``: the reference for relative wall time when
     it is another model (a layer-dropped or int8 ``model``), timed interleaved with it;
     ``count=False`` skips FLOPs counting (int8 kernels are not counted). Returns metrics and
-    arrays ``y_true``, ``y_pred``, ``probs``.
+    arrays ``y_true``, ``y_pred``, ``probs`` (rows in the order of the loader's dataset).
+
+    Under a launcher with N processes every process must call it: each scores every N-th
+    batch (:func:`attnprune.distributed.shard_batches`) and all get the gathered result, every
+    row once; wall time is measured by process 0 alone. Inputs go to the model's device.
     """
     from sklearn.metrics import f1_score, roc_auc_score
     from tqdm.auto import tqdm
 
     state = api.patch_state(model)
     model.eval()
-    ys, probs, flops, flops_full, proxy, proxy_full = [], [], 0, 0, 0.0, 0.0
+    dev = next(model.parameters()).device if any(True for _ in model.parameters()) else "cpu"
+    pos, ys, probs, flops, flops_full, proxy, proxy_full = [], [], [], 0, 0, 0.0, 0.0
     kept_tok, real_tok = 0.0, 0
-    batches = []
     out = {}
     with torch.no_grad():
-        for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
-            inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        # several processes: each scores its share of the batches, gathered below
+        for rows, batch in tqdm(distributed.shard_batches(loader), desc=desc, leave=False,
+                                disable=not progress or not distributed.is_main()):
+            inputs = {"input_ids": batch["input_ids"].to(dev),
+                      "attention_mask": batch["attention_mask"].to(dev)}
 
             def fwd(inp=inputs):
                 out["logits"] = model(**inp).logits
@@ -287,7 +300,8 @@ def evaluate(model, loader, *, reference: bool = False, full_flops: int | None =
                 flops += count_flops(fwd)
             else:
                 fwd()
-            probs.append(out["logits"].float().softmax(-1).numpy())
+            pos.append(np.asarray(rows))
+            probs.append(out["logits"].float().softmax(-1).cpu().numpy())
             ys.append(batch["labels"].numpy())
             shape = tuple(batch["input_ids"].shape)
             st = state.stats if state is not None and state.enabled else {}
@@ -303,10 +317,24 @@ def evaluate(model, loader, *, reference: bool = False, full_flops: int | None =
                     flops_full += count_flops(lambda inp=inputs: model(**inp))
                 finally:
                     state.enabled = was  # a disabled patch (the full reference) stays disabled
-            if len(batches) < timing_batches:
-                batches.append(inputs)
-    y = np.concatenate(ys)
-    p = np.concatenate(probs)
+    timing = None
+    if timing_batches and distributed.is_main():
+        # wall time in process 0 alone, on the loader's first batches (as in one process),
+        # while the others wait in the gather below and leave the machine to it
+        batches = [{k: b[k].to(dev) for k in ("input_ids", "attention_mask")}
+                   for b in itertools.islice(loader, timing_batches)]
+        if full_model is not None:
+            full_model.to(dev)  # the reference runs where the model runs (a GPU after training)
+        timing = _time(model, state, batches, timing_repeats, full_model) if batches else None
+    parts = distributed.gather((pos, ys, probs, flops, flops_full, proxy, proxy_full, kept_tok,
+                                real_tok, timing))
+    pos, ys, probs = ([a for part in parts for a in part[i]] for i in range(3))
+    flops, flops_full, proxy, proxy_full, kept_tok, real_tok = (
+        sum(part[i] for part in parts) for i in range(3, 9))
+    timing = parts[0][9]
+    order = np.argsort(np.concatenate(pos), kind="stable")  # the loader's rows, each once
+    y = np.concatenate(ys)[order]
+    p = np.concatenate(probs)[order]
     pred = p.argmax(1)
     res = {
         "accuracy": float((pred == y).mean()),
@@ -328,8 +356,8 @@ def evaluate(model, loader, *, reference: bool = False, full_flops: int | None =
     if reference or full_flops is not None:
         res["flops"]["full_measured"] = flops_full
         res["flops"]["relative"] = flops / flops_full if flops_full else None
-    if timing_batches and batches:
-        res["time"] = _time(model, state, batches, timing_repeats, full_model)
+    if timing is not None:
+        res["time"] = timing
     return {**res, "y_true": y, "y_pred": pred, "probs": p}
 
 
@@ -408,6 +436,9 @@ def run(cfg: FinetuneConfig, results: ResultsDir) -> dict:
     from .train import fit
 
     data = load_text_data(cfg.data, cfg.text_column, cfg.label_column)
+    if not results.writer:
+        # another process of a multi-process run: same training, but process 0 saves the model
+        cfg = dataclasses.replace(cfg, save_model=False)
     results.write_json("data.json", {"source": data.source, "classes": list(data.label_names),
                                      "sizes": {"train": len(data.train), "val": len(data.val),
                                                "test": len(data.test)}})
@@ -420,7 +451,8 @@ def run(cfg: FinetuneConfig, results: ResultsDir) -> dict:
             label = _label(cfg, rho)
             key = f"{label}__seed{seed}"
             if results.run_done(key):
-                print(f"skip {key}: finished earlier")
+                if distributed.is_main():
+                    print(f"skip {key}: finished earlier")
                 continue
             torch.manual_seed(seed)
             model, tok = load_model(cfg.model, data.n_classes)
@@ -502,14 +534,15 @@ def run(cfg: FinetuneConfig, results: ResultsDir) -> dict:
 
                 save_pretrained(model, results.path / "models" / results._key(key), tokenizer=tok)
             results.save_run(key, record)
-    return summarize(cfg, results)
+    # from the saved runs and predictions: process 0's to read, and its summary for everyone
+    return distributed.on_main(summarize, cfg, results)
 
 
 def _reference(model, loader, cfg, results: ResultsDir, seed: int) -> dict:
     """Test scores of the --init-from weights with the patch disabled (= the full model),
     computed once per seed and kept in ``reference__seed<N>.json`` + predictions."""
     name = f"reference__seed{seed}.json"
-    if (results.path / name).is_file():
+    if results.exists(name):
         return results.read_json(name)
     if cfg.layers is not None:  # the truncated model is not the full one: load the full weights
         model, _ = load_model(cfg.model, int(model.config.num_labels))
@@ -669,12 +702,16 @@ def main(argv: list[str]) -> int:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             print(f"  --{f.name.replace('_', '-'):<22} default {default!r}")
         return 0
-    cl = parse_command_line(argv, FinetuneConfig)
+    # parsed by process 0 (which may read a resumed folder's files) and sent to the others:
+    # every process runs the same configuration
+    cl = distributed.on_main(parse_command_line, argv, FinetuneConfig)
     cfg = cl.config
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    results = ResultsDir.start(cl.out, "finetune", cl.exact_out, cfg)
+    results = distributed.start_results(cl.out, "finetune", cl.exact_out, cfg)
     summary = run(cfg, results)
+    if not distributed.is_main():
+        return 0
     for label, e in sorted(summary["methods"].items()):
         acc = e.get("accuracy", {})
         ci = acc.get("ci95", [float("nan")] * 2)

@@ -690,7 +690,14 @@ def main(argv: list[str]) -> int:
         return 0
     from pathlib import Path
 
-    from .config import parse_overrides, read_yaml
+    from .config import ConfigError, parse_overrides, read_yaml
+    from .distributed import launched
+
+    if launched():
+        # every process would time on the same machine at once, and each point reads the full
+        # model's weights that another process may still be writing: refuse before any work
+        raise ConfigError("pareto runs in one process: start it without torchrun / "
+                          "accelerate launch (finetune is the multi-process command)")
 
     # resuming a results folder: its saved config is the base, the given options go on top
     out = parse_overrides(list(argv)).get("out")

@@ -25,6 +25,8 @@ __all__ = ["fit"]
 
 def _loss(model: nn.Module, batch: dict, teacher: nn.Module | None, alpha: float,
           tau: float) -> tuple[torch.Tensor, dict]:
+    from accelerate.utils import extract_model_from_parallel
+
     from . import api
 
     inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask")}
@@ -39,7 +41,9 @@ def _loss(model: nn.Module, batch: dict, teacher: nn.Module | None, alpha: float
                       reduction="batchmean", log_target=True) * tau**2
         loss = (1 - alpha) * task + alpha * kd
         logs["distill"] = float(kd.detach())
-    aux = api.aux_loss(model)
+    # the patch state sits on the model itself, not on a DDP (or other) wrapper around it,
+    # where it would read as "no auxiliary loss"
+    aux = api.aux_loss(extract_model_from_parallel(model))
     if aux is not None:
         loss = loss + aux
         logs["aux"] = float(aux.detach())
@@ -73,6 +77,7 @@ def fit(
     ("no", "bf16", or "auto" = bf16 on a CUDA GPU, fp32 on CPU) goes to ``accelerate``.
     """
     from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
     from tqdm.auto import tqdm
     from transformers import get_linear_schedule_with_warmup
 
@@ -85,8 +90,12 @@ def fit(
         raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'auto', got {mixed_precision!r}")
     if mixed_precision == "auto":
         mixed_precision = "bf16" if torch.cuda.is_available() else "no"
+    # several processes (DDP): some methods hold parameters that this loop does not train
+    # (DTR's policy learns by REINFORCE in the causal host only), which DDP refuses unless told
+    # to look for unused parameters; their gradients stay None, as in one process
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=True)
     acc = Accelerator(gradient_accumulation_steps=grad_accum, cpu=not torch.cuda.is_available(),
-                      mixed_precision=mixed_precision)
+                      mixed_precision=mixed_precision, kwargs_handlers=[ddp])
     decay, no_decay = [], []
     for n, p in model.named_parameters():
         if p.requires_grad:
@@ -104,8 +113,8 @@ def fit(
         model.train()
         sums: dict[str, float] = {}
         n = 0
-        bar = tqdm(train_loader, desc=f"{desc} epoch {epoch}/{epochs}", disable=not progress,
-                   leave=False)
+        bar = tqdm(train_loader, desc=f"{desc} epoch {epoch}/{epochs}", leave=False,
+                   disable=not progress or not acc.is_main_process)
         for batch in bar:
             with acc.accumulate(model):
                 loss, logs = _loss(model, batch, teacher, distill_weight, distill_temperature)
@@ -119,6 +128,15 @@ def fit(
             for k, v in logs.items():
                 sums[k] = sums.get(k, 0.0) + v
             bar.set_postfix(loss=f"{sums['task'] / n:.4f}")
+        if acc.num_processes > 1:
+            # each process saw its own batches: log the mean over all of them, the same number
+            # on every process (the union of the loss terms, in case one was off somewhere)
+            from accelerate.utils import gather_object
+
+            keys = sorted(set(gather_object(list(sums))))
+            tot = acc.reduce(torch.tensor([sums.get(k, 0.0) for k in keys] + [n],
+                                          dtype=torch.float64, device=acc.device), reduction="sum")
+            sums, n = dict(zip(keys, tot[:-1].tolist())), int(tot[-1])
         record = {"epoch": epoch, **{f"train_{k}": v / max(n, 1) for k, v in sums.items()}}
         if on_epoch_end is not None:
             model.eval()
