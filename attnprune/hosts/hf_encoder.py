@@ -453,7 +453,7 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
             else:  # log-mask bias on the keys of every later layer
                 mask4d = _additive(mask, soft_total, hidden.dtype)[:, None, None, :]
             continue
-        keep = sel.keep & mask
+        keep = (sel.keep | protect) & mask  # the host's guarantee, whatever the method did
         if full is not None:
             full = scatter_tokens(full, hidden, index, mask)
         g, index = gather_tokens(hidden, keep, index)
