@@ -353,3 +353,60 @@ def test_finetune_regression_pairs(tiny, tmp_path, one_thread, capsys):
     assert all("cohens_q" in c["effect"] and 0 <= c["p"] <= c["p_holm"] <= 1 for c in comps)
     assert (out / "pearson_vs_flops.png").is_file()
     assert "pearson" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- GLUE (offline)
+def _fake_glue(monkeypatch):
+    """``datasets.load_dataset("glue", task)`` answered from memory, with GLUE's columns and
+    split names (the hub is unreachable here); records which task was asked for."""
+    import datasets
+
+    asked = []
+
+    def split(n, cols, label):
+        return datasets.Dataset.from_dict(
+            {**{c: [f"{c} {i}" for i in range(n)] for c in cols}, "label": label(n)},
+            features=datasets.Features({**{c: datasets.Value("string") for c in cols},
+                                        "label": datasets.ClassLabel(
+                                            names=["entailment", "neutral", "contradiction"])
+                                        if label is _classes else datasets.Value("float32")}))
+
+    def load(path, name):
+        asked.append((path, name))
+        if name == "mnli":
+            cols = ["premise", "hypothesis"]
+            return datasets.DatasetDict({"train": split(60, cols, _classes),
+                                         "validation_matched": split(9, cols, _classes),
+                                         "validation_mismatched": split(7, cols, _classes)})
+        cols = ["sentence1", "sentence2"]
+        return datasets.DatasetDict({"train": split(40, cols, _scores),
+                                     "validation": split(8, cols, _scores)})
+
+    monkeypatch.setattr(datasets, "load_dataset", load)
+    return asked
+
+
+def _classes(n):
+    return [i % 3 for i in range(n)]
+
+
+def _scores(n):
+    return [round(5 * i / n, 2) for i in range(n)]
+
+
+def test_glue_pair_tasks_use_their_columns_and_splits(monkeypatch):
+    asked = _fake_glue(monkeypatch)
+    d = load_text_data("glue/mnli")
+    assert asked == [("glue", "mnli")] and d.task == "classification"
+    assert d.label_names == ("entailment", "neutral", "contradiction")
+    assert len(d.test) == 9  # validation_matched is the test split (MNLI-m)
+    assert d.test.texts[3] == "premise 3" and d.test.pairs[3] == "hypothesis 3"
+    assert len(d.train) + len(d.val) == 60 and len(d.val) == 6
+    assert all(t.split()[1] == p.split()[1] for t, p in zip(d.train.texts, d.train.pairs))
+    s = load_text_data("glue/stsb")
+    assert s.task == "regression" and s.num_labels == 1 and s.test.labels.dtype == np.float32
+    assert s.test.labels[-1] == pytest.approx(4.38)
+    with pytest.raises(ValueError, match="task: glue/stsb is a regression task"):
+        load_text_data("glue/stsb", task="classification")
+    with pytest.raises(ValueError, match="glue/wnli is not supported"):
+        load_text_data("glue/wnli")
