@@ -363,6 +363,7 @@ def _pruned_forward(state: HFEncoderState, original, hidden_states, attention_ma
     layers and original forward; a closure would be shared and run the original's layers.
     """
     if not state.enabled:
+        state.inputs = None
         return original(hidden_states, attention_mask, *args, **kwargs)
     if args or kwargs.get("encoder_hidden_states") is not None:
         raise ValueError("hf_encoder: cross-attention (encoder_hidden_states) is not supported")
