@@ -199,6 +199,37 @@ def test_separators_survive_every_gather(tiny, monkeypatch, kind, method):
         assert mask.sum(1).float().mean() < 0.6 * enc["attention_mask"].sum(1).float().mean()
 
 
+def test_roberta_pair_separators_kept_from_its_config_ids(monkeypatch):
+    """RoBERTa marks a pair as ``<s> a </s></s> b </s>`` with no segment ids: its config's
+    ``bos/eos_token_id`` (0 and 2) tell the host which tokens to keep, with no option given."""
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    import attnprune.hosts.hf_encoder as host
+
+    torch.manual_seed(0)
+    model = RobertaForSequenceClassification(RobertaConfig(
+        vocab_size=40, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=80, num_labels=2)).eval()
+    rows = []
+    g = torch.Generator().manual_seed(1)
+    for b in range(16):
+        a, c = torch.randint(5, 40, (int(4 + b % 5),), generator=g), torch.randint(5, 40, (7,), generator=g)
+        rows.append(torch.cat([torch.tensor([0]), a, torch.tensor([2, 2]), c, torch.tensor([2])]))
+    L = max(len(r) for r in rows)
+    ids = torch.stack([torch.cat([r, torch.ones(L - len(r), dtype=torch.long)]) for r in rows])
+    api.patch(model, "random", keep_ratio=0.25, after_layer=1)
+    kept = []
+    real_gather = host.gather_tokens
+    monkeypatch.setattr(host, "gather_tokens",
+                        lambda h, k, *e: kept.append(real_gather(h, k, *e)) or kept[-1])
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=(ids != 1).long())
+    (g_out, index), = kept
+    for b, row in enumerate(ids):
+        want = set(torch.nonzero((row == 0) | (row == 2)).flatten().tolist())  # 1 + 3 per row
+        assert want <= set(index[b][g_out.mask[b]].tolist())
+
+
 def test_pair_segments_reach_the_model_pruned_or_not(tiny):
     """token_type_ids change the output (BERT adds their embedding before the first layer), and
     the patched model at ρ = 1 equals the stock one with them: the gathered path keeps the
