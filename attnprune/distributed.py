@@ -43,8 +43,16 @@ T = TypeVar("T")
 _WORLD_ENV = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
+_ALONE = False  # True while process 0 runs an ``on_main`` function: the others are not listening
+
+
 def launched() -> bool:
-    """True when a launcher started this process as one of several."""
+    """True when a launcher started this process as one of several (and the others take part:
+    inside an :func:`on_main` function, process 0 runs alone, so every collective of this module
+    is local there — a nested ``on_main`` or a :class:`SharedResults` query must not send
+    anything the waiting processes would take for the outer call's result)."""
+    if _ALONE:
+        return False
     for name in _WORLD_ENV:
         v = os.environ.get(name)
         if v:
@@ -124,11 +132,15 @@ def on_main(fn: Callable[..., T], *args, **kwargs) -> T:
         return fn(*args, **kwargs)
     out: Any = None
     error = None
+    global _ALONE
     if is_main():
+        _ALONE = True
         try:
             out = fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 (sent to the others, then raised here again)
             error, out = e, _Failed(e)
+        finally:
+            _ALONE = False
     out = broadcast(out)
     if error is not None:
         raise error

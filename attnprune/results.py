@@ -175,7 +175,13 @@ class ResultsDir:
         return self.write_json(f"runs/{self._key(key)}.json", record)
 
     def save_predictions(self, label: str, seed: int, y_true, y_pred, scores=None) -> Path:
-        arrays = {"y_true": np.asarray(y_true, dtype=np.int64), "y_pred": np.asarray(y_pred, dtype=np.int64)}
+        """Per-example labels and predictions: class ids as int64, real-valued ones (the targets
+        and outputs of a regression) as float64, so they are not truncated to integers."""
+        def arr(x):
+            a = np.asarray(x)
+            return a.astype(np.float64 if np.issubdtype(a.dtype, np.floating) else np.int64)
+
+        arrays = {"y_true": arr(y_true), "y_pred": arr(y_pred)}
         if scores is not None:
             arrays["scores"] = np.asarray(scores, dtype=np.float64)
         return self.write_npz(f"predictions/{self._key(label)}__seed{int(seed)}.npz", **arrays)

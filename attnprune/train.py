@@ -1,9 +1,13 @@
-"""One fine-tuning loop for sequence classification, on HF ``accelerate``.
+"""One fine-tuning loop for sequence classification and regression, on HF ``accelerate``.
 
-    loss = (1 − α)·CE(y, z) + α·τ²·KL(softmax(z_T/τ) ‖ softmax(z/τ)) + aux          (α = distill_weight)
+    classification:  loss = (1 − α)·CE(y, z) + α·τ²·KL(softmax(z_T/τ) ‖ softmax(z/τ)) + aux
+    regression:      loss = (1 − α)·MSE(y, z) + α·MSE(z_T, z) + aux          (α = distill_weight)
 
 z are the (patched) model's logits, z_T a frozen teacher's (e.g. the full fine-tuned model,
-Hinton et al. 2015 distillation; off by default), ``aux = attnprune.aux_loss(model)`` the
+Hinton et al. 2015 distillation; off by default). A model with one output (HF's
+``num_labels=1``) is a regression: its target is a real number, so the task loss is the squared
+error (HF's own choice for that head) and distillation matches the teacher's output directly
+(there is no distribution to soften: τ is unused). ``aux = attnprune.aux_loss(model)`` the
 method's auxiliary losses of that forward (entropy-head CE, Gumbel budget, LTP sparsity,
 attention/cost penalties), so any registered method — token, attention or loss kind — trains
 with the same loop. AdamW with linear warm-up and linear decay
@@ -29,16 +33,25 @@ def _loss(model: nn.Module, batch: dict, teacher: nn.Module | None, alpha: float
 
     from . import api
 
-    inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask")}
+    # token_type_ids: the segment of each token of a sentence pair (BERT adds its embedding)
+    inputs = {k: v for k, v in batch.items()
+              if k in ("input_ids", "attention_mask", "token_type_ids")}
     out = model(**inputs, labels=batch["labels"])
-    task = F.cross_entropy(out.logits, batch["labels"])
+    regression = out.logits.shape[-1] == 1
+    if regression:
+        task = F.mse_loss(out.logits.squeeze(-1).float(), batch["labels"].float())
+    else:
+        task = F.cross_entropy(out.logits, batch["labels"])
     loss = task
     logs = {"task": float(task.detach())}
     if teacher is not None and alpha > 0:
         with torch.no_grad():
             zt = teacher(**inputs).logits
-        kd = F.kl_div(F.log_softmax(out.logits / tau, -1), F.log_softmax(zt / tau, -1),
-                      reduction="batchmean", log_target=True) * tau**2
+        if regression:
+            kd = F.mse_loss(out.logits.float(), zt.float())
+        else:
+            kd = F.kl_div(F.log_softmax(out.logits / tau, -1), F.log_softmax(zt / tau, -1),
+                          reduction="batchmean", log_target=True) * tau**2
         loss = (1 - alpha) * task + alpha * kd
         logs["distill"] = float(kd.detach())
     # the patch state sits on the model itself, not on a DDP (or other) wrapper around it,
@@ -69,7 +82,8 @@ def fit(
     mixed_precision: str = "no",
 ) -> list[dict]:
     """Fine-tune ``model`` on ``train_loader`` (a DataLoader of dicts with input_ids,
-    attention_mask, labels); returns one log dict per epoch (mean losses, plus whatever
+    attention_mask, labels and, for sentence pairs, token_type_ids; float labels and one model
+    output for a regression); returns one log dict per epoch (mean losses, plus whatever
     ``on_epoch_end(epoch, model)`` returns, e.g. validation metrics).
 
     Bias and LayerNorm weights get no weight decay (the BERT recipe). The method's modules,

@@ -66,7 +66,7 @@ def test_torchrun_finetune_one_folder_every_row_once(tiny, no_dropout, tmp_path,
     assert len(folders) == 1, folders  # one folder, its timestamped name agreed by both ranks
     run = folders[0]
     # printed once (process 0), and no temp file left by two processes writing one file
-    assert p.stdout.count("results: ") == 1 and p.stdout.count("acc ") == 1, p.stdout
+    assert p.stdout.count("results: ") == 1 and p.stdout.count("accuracy ") == 1, p.stdout
     assert not [f for f in run.rglob("*") if f.name.endswith(".tmp")]
     assert sorted(f.name for f in (run / "predictions").iterdir()) == ["full__seed0.npz"]
     assert (run / "models" / "full__seed0" / "model.safetensors").is_file()

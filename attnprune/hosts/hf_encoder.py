@@ -32,6 +32,10 @@ Choices, and why:
   and batch losses see the whole batch).
 * CLS (position 0) is always kept (``protect_first``); the gather keeps ascending order, so it
   stays at position 0 and every stock head (pooler, ``hidden[:, 0]``) reads it unchanged.
+  Every separator ([SEP], ``</s>``) is kept like CLS (``protect_special``: the last real token,
+  the end of each ``token_type_ids`` segment, and the ids in ``protect_token_ids``): a sentence
+  pair keeps the boundary between its texts. Segment ids need no carrying through the gather:
+  BERT adds their embedding before the first layer, so a kept token's state already holds it.
 * The output is scattered back to (B, L, d) (``output="scatter"``; dropped tokens carry their
   last computed state) so the model's output shape is the stock one; ``output="short"`` returns
   the gathered (B, K, d) batch and skips that copy (with row groups: the same shape, K the
@@ -96,7 +100,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import registry
-from ..methods.base import protect_first
+from ..methods.base import protect_first, protect_special
 from ..selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
 from . import PatchState, add_method_module, register_host, remove_method_module, remove_state_hooks
 
@@ -262,6 +266,8 @@ class HFEncoderState(PatchState):
         self.enabled = True
         self.bucket_rows = bucket_rows
         self.labels: Tensor | None = None
+        self.protect_ids: tuple[int, ...] = ()  # token ids kept like CLS (separators)
+        self.inputs: tuple | None = None  # (input_ids, token_type_ids) of this forward
         self.scorer_time_s = 0.0  # wall time spent computing attention probabilities, last forward
         self._captured: dict[str, Tensor] = {}
         self._handles: list = []
@@ -356,6 +362,7 @@ def _pruned_forward(state: HFEncoderState, original, hidden_states, attention_ma
     layers and original forward; a closure would be shared and run the original's layers.
     """
     if not state.enabled:
+        state.inputs = None
         return original(hidden_states, attention_mask, *args, **kwargs)
     if args or kwargs.get("encoder_hidden_states") is not None:
         raise ValueError("hf_encoder: cross-attention (encoder_hidden_states) is not supported")
@@ -378,7 +385,11 @@ def _pruned_forward(state: HFEncoderState, original, hidden_states, attention_ma
                 bucket=state.bucket_rows and not training, kept=[0.0] * n, padded=[0] * n)
     index = torch.arange(L, device=mask.device).expand(B, L)  # original positions
     full = hidden_states if state.output == "scatter" else None
-    hidden_states, _ = _layers(state, run, 0, hidden_states, mask, attention_mask, index, full)
+    ids, token_types = state.inputs or (None, None)
+    state.inputs = None  # one forward's: a later call without the model's hook must not read it
+    protect = protect_special(mask, ids, token_types, state.protect_ids)  # (B, L) CLS + separators
+    hidden_states, _ = _layers(state, run, 0, hidden_states, mask, attention_mask, index, full,
+                               protect=protect)
     kept = run.kept
     state.stats = {
         "real_tokens": real,
@@ -394,13 +405,14 @@ def _pruned_forward(state: HFEncoderState, original, hidden_states, attention_ma
 
 def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask: Tensor,
             mask4d, index: Tensor, full: Tensor | None,
-            gathered: bool = False) -> tuple[Tensor, Tensor | None]:
+            gathered: bool = False, protect: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """Layers ``start``, ``start + 1``, … on b rows, in the host's output format.
 
     ``hidden`` (b, K, d) the tokens still present in ascending original order, ``mask``
     (b, K) their real slots, ``mask4d`` the layers' attention mask for them, ``index`` (b, K)
     their original positions, ``full`` (b, L, d) every token's state so far (dropped tokens'
-    last states; None for ``output="short"``), ``gathered`` whether a gather already happened.
+    last states; None for ``output="short"``), ``gathered`` whether a gather already happened,
+    ``protect`` (b, K) the tokens every selection keeps (CLS and separators; None: CLS only).
     Returns ((b, L, d) final states, None) for ``output="scatter"``, or the compact
     ((b, K', d), (b, K') mask) for ``output="short"``. After a gather at inference the rows may
     be split into groups (:func:`_grouped`), each running the rest of this loop.
@@ -408,6 +420,8 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
     method = run.method
     n = len(state.layers)
     soft_total: Tensor | None = None  # (b, K) product of the soft masks so far (training)
+    if protect is None:
+        protect = protect_first(mask)
     for i in range(start, n):
         layer = state.layers[i]
         prune = i < n - 1 and state.schedule[i] < (state.schedule[i - 1] if i else 1.0) - 1e-12
@@ -425,25 +439,26 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
             add = _additive(mask, soft_total, hidden.dtype)
             attn = state._attention(i, add, run.rows, mask)
         sel = method(hidden, mask, attn=attn, keep_ratio=rho, layer=i,
-                     labels=run.labels, protect=protect_first(mask))
+                     labels=run.labels, protect=protect)
         t1 = time.perf_counter()
         state.select_time_s += t1 - t0
         if sel.aux_loss is not None:
             state.aux_losses.append(sel.aux_loss)
         if run.training and sel.soft is not None:
             soft = sel.soft * mask.to(sel.soft.dtype)
-            soft = torch.where(protect_first(mask), torch.ones_like(soft), soft)
+            soft = torch.where(protect, torch.ones_like(soft), soft)
             soft_total = soft if soft_total is None else soft_total * soft
             if state.soft_mode == "multiply":
                 hidden = hidden * soft[..., None]
             else:  # log-mask bias on the keys of every later layer
                 mask4d = _additive(mask, soft_total, hidden.dtype)[:, None, None, :]
             continue
-        keep = sel.keep & mask
+        keep = (sel.keep | protect) & mask  # the host's guarantee, whatever the method did
         if full is not None:
             full = scatter_tokens(full, hidden, index, mask)
         g, index = gather_tokens(hidden, keep, index)
         hidden, mask = g.hidden, g.mask
+        protect = torch.gather(protect, 1, g.index) & mask  # follows its tokens
         gathered = True
         run.kwargs.pop("position_ids", None)
         if soft_total is not None:
@@ -454,7 +469,8 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
                 groups = row_groups(mask.sum(1), group_overhead_tokens())
                 if len(groups) > 1:
                     state.gather_time_s += time.perf_counter() - t1
-                    return _grouped(state, run, i + 1, groups, hidden, mask, index, full)
+                    return _grouped(state, run, i + 1, groups, hidden, mask, index, full,
+                                    protect)
             mask4d = _bidirectional(state, hidden, mask)
         state.gather_time_s += time.perf_counter() - t1
     if full is None:
@@ -469,7 +485,7 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
 
 def _grouped(state: HFEncoderState, run: _Pass, start: int, groups: list[Tensor],
              hidden: Tensor, mask: Tensor, index: Tensor,
-             full: Tensor | None) -> tuple[Tensor, Tensor | None]:
+             full: Tensor | None, protect: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """Layers ``start``, … on each group of rows, cut to the group's longest row (pad slots sit
     at the end of a gathered row), then the groups' outputs back in the rows' places.
 
@@ -485,8 +501,9 @@ def _grouped(state: HFEncoderState, run: _Pass, start: int, groups: list[Tensor]
         m4 = _bidirectional(state, h, m)
         sub_full = None if full is None else full[rows]  # (g, L, d)
         state.gather_time_s += time.perf_counter() - t0
+        prot = None if protect is None else protect[rows, :k]
         parts.append((rows, _layers(state, run, start, h, m, m4, index[rows, :k], sub_full,
-                                    gathered=True)))
+                                    gathered=True, protect=prot)))
         t0 = time.perf_counter()
     if full is not None:
         out = torch.empty_like(full)  # the groups cover every row once
@@ -530,7 +547,8 @@ def _additive(mask: Tensor, soft: Tensor | None, dtype) -> Tensor:
 def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float] = 0.5,
                      after_layer: int = 1, schedule=None, output: str = "auto",
                      soft_mode: str = "bias", scorer_queries: int = 0,
-                     bucket_rows: bool = True, **method_options) -> HFEncoderState:
+                     bucket_rows: bool = True, protect_token_ids: Sequence[int] | None = None,
+                     **method_options) -> HFEncoderState:
     """Patch a BERT / MiniLM / RoBERTa / DistilBERT model (or its ``*ForSequenceClassification``)
     with token method ``spec``.
 
@@ -542,8 +560,12 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     (0 = exact, all rows; costs one extra L×L attention at the pruning layer);
     ``bucket_rows`` (default True): at inference, after a gather, run the later layers on
     groups of rows with similar kept counts (:func:`attnprune.selection.row_groups`), each cut
-    to its own longest row; same outputs, fewer padded slots. The rest are the method's
-    options. All are checked before the model is touched.
+    to its own longest row; same outputs, fewer padded slots. ``protect_token_ids``: token ids
+    every selection keeps like CLS, e.g. the tokenizer's ``sep_token_id`` (default: the
+    config's ``sep_token_id`` / ``eos_token_id`` / ``bos_token_id`` where set, e.g. RoBERTa's
+    ``<s>`` and ``</s>``); the last real token and each ``token_type_ids`` segment's last token
+    are kept whatever the ids (:func:`attnprune.methods.base.protect_special`). The rest are
+    the method's options. All are checked before the model is touched.
     """
     if not isinstance(bucket_rows, bool):
         raise ValueError(f"bucket_rows must be True or False, got {bucket_rows!r}")  # noqa: TRY004 (patch() contract: ValueError)
@@ -553,6 +575,7 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
         raise ValueError(f"scorer_queries must be an integer ≥ 0, got {scorer_queries!r}")
     if soft_mode not in ("bias", "multiply"):
         raise ValueError(f"soft_mode must be 'bias' or 'multiply', got {soft_mode!r}")
+    protect_ids = _protect_ids(model.config, protect_token_ids)
     family, encoder, layers, qk = _anatomy(model)
     if output == "auto":
         output = _auto_output(model)
@@ -573,6 +596,7 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
                            family, output, soft_mode, bucket_rows)
     state.n_heads = n_heads
     state.scorer_queries = scorer_queries
+    state.protect_ids = protect_ids
     state._want = None
     from transformers.modeling_outputs import (
         BaseModelOutput,
@@ -594,8 +618,24 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
 
 
 def _grab_labels(state: HFEncoderState, module, args, kwargs) -> None:
-    """Forward pre-hook on the model: the labels of this forward, for methods that read them."""
+    """Forward pre-hook on the model: the labels of this forward, for methods that read them,
+    and its token ids and segment ids, to find the separators (the encoder sees only
+    embeddings)."""
     state.labels = kwargs.get("labels")
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    state.inputs = (ids if isinstance(ids, Tensor) else None, kwargs.get("token_type_ids"))
+
+
+def _protect_ids(config, ids: Sequence[int] | None) -> tuple[int, ...]:
+    """``protect_token_ids`` checked, or the config's separator-like ids (never padding)."""
+    if ids is None:
+        pad = getattr(config, "pad_token_id", None)
+        found = {getattr(config, k, None) for k in ("sep_token_id", "eos_token_id", "bos_token_id")}
+        return tuple(sorted(int(i) for i in found if isinstance(i, int) and i != pad))
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ValueError(f"protect_token_ids must be a list of token ids (integers ≥ 0), got {ids!r}")
+    return tuple(sorted(set(ids)))
 
 
 def _auto_output(model: nn.Module) -> str:
