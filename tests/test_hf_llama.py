@@ -1,0 +1,265 @@
+"""The causal host on tiny random Llama-family decoders (every family in the table):
+parity, real skipping, original RoPE positions, no leakage, KV cache, gradients, refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as tf
+from transformers import DynamicCache
+
+import attnprune
+from attnprune.hosts.hf_llama import FAMILIES
+from attnprune.lm import generate
+from attnprune.measure import count_flops
+
+V = 40
+# model_type → (config class, LM class, extra config fields). Gemma and Qwen3 set head_dim
+# explicitly (their defaults are 256 and 128); Gemma2's window is set beyond the test lengths.
+DECODERS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 64}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 8}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 8}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 8, "sliding_window": 64}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
+}
+FAMILY_NAMES = list(DECODERS)
+METHODS = ["ltp", "dtr", "hybrid"]
+
+
+def test_every_family_in_the_table_is_tested():
+    assert set(FAMILIES) == set(DECODERS)
+
+
+def tiny(family: str = "llama", n_layer: int = 4, seed: int = 0, **extra):
+    conf_name, lm_name, fields = DECODERS[family]
+    torch.manual_seed(seed)
+    conf = getattr(tf, conf_name)(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=n_layer,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        pad_token_id=0, bos_token_id=0, eos_token_id=0, **{**fields, **extra})
+    return getattr(tf, lm_name)(conf).eval()
+
+
+def force_pruning(model, seed: int = 1) -> None:
+    """Random, decisive scorers so that about half the tokens are dropped at each decision."""
+    g = torch.Generator().manual_seed(seed)
+    m = model.base_model.attnprune_method
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("w") and p.dim() == 2:  # LTP scorer
+                p.copy_(torch.randn(p.shape, generator=g) * 2.0)
+            if name.endswith("w2.weight"):  # DTR policy output
+                p.copy_(torch.randn(p.shape, generator=g) * 3.0)
+            if name.endswith("w2.bias"):
+                p.zero_()
+    # Centre each DTR policy on its median logit so that it keeps about half the tokens.
+    state = attnprune.patch_state(model)
+    enabled, state.enabled = state.enabled, True
+    for pol in [mod for mod in m.modules() if type(mod).__name__ == "Policy"]:
+        logits = []
+        hook = pol.w2.register_forward_hook(lambda mod, a, out, acc=logits: acc.append(out.detach()))
+        was = m.training
+        m.eval()
+        with torch.no_grad():
+            model(torch.randint(0, V, (4, 32), generator=g))
+        m.train(was)
+        hook.remove()
+        with torch.no_grad():
+            pol.w2.bias.fill_(-float(torch.cat([z.flatten() for z in logits]).median()))
+    state.enabled = enabled
+
+
+def patched(family: str, method: str = "ltp", **kw):
+    model = tiny(family)
+    attnprune.patch(model, method, **kw)
+    force_pruning(model)
+    return model
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+@pytest.mark.parametrize("method", METHODS)
+def test_pruning_off_equals_stock(family, method):
+    model = tiny(family)
+    x = torch.randint(0, V, (2, 24))
+    ref = model(x).logits
+    stock_cls = type(model.base_model)
+    attnprune.patch(model, method, keep_ratio=1.0)
+    force_pruning(model)  # decisive scorers, but pruning is off
+    assert type(model.base_model) is not stock_cls
+    assert (model(x).logits - ref).abs().max() <= 1e-5
+    attnprune.unpatch(model)
+    assert type(model.base_model) is stock_cls
+    assert "attnprune_method" not in dict(model.named_modules())
+    assert (model(x).logits - ref).abs().max() == 0
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_keeping_every_token_equals_stock(family):
+    model = tiny(family)
+    x = torch.randint(0, V, (2, 24))
+    ref = model(x).logits
+    attnprune.patch(model, "ltp")  # fresh LTP keeps everything (I starts above τ)
+    out = model(x).logits
+    assert attnprune.patch_state(model).stats["kept_per_layer"] == [1.0] * 4
+    assert (out - ref).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+@pytest.mark.parametrize("method", METHODS)
+def test_dropped_tokens_skip_later_layers_and_cost_fewer_flops(family, method):
+    model = patched(family, method)
+    x = torch.randint(0, V, (2, 32))
+    seen = {}
+    hooks = [b.register_forward_pre_hook(lambda mod, a, i=i: seen.__setitem__(i, a[0].shape[1]))
+             for i, b in enumerate(model.base_model.layers)]
+    pruned = count_flops(lambda: model(x))
+    kept = attnprune.patch_state(model).stats["kept_per_layer"]
+    for h in hooks:
+        h.remove()
+    assert seen[0] == 32 and min(seen.values()) < 32  # shorter tensors reach later layers
+    assert kept[0] == 1.0 and min(kept) < 0.9
+    attnprune.patch_state(model).enabled = False
+    full = count_flops(lambda: model(x))
+    assert pruned < 0.95 * full
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2"])
+def test_kept_tokens_keep_their_original_rope_positions(family):
+    """The (cos, sin) a pruned layer receives are those of the alive tokens' original
+    positions: a strictly increasing subsequence of 0..L−1 that is not the prefix 0..K−1."""
+    model = patched(family, "ltp", layers=[2])
+    got = []
+
+    def grab(mod, args, kwargs):
+        got.append(kwargs["position_embeddings"][0][0])  # (K, d_head) of the one row
+
+    model.base_model.layers[3].register_forward_pre_hook(grab, with_kwargs=True)
+    table, _ = model.base_model.rotary_emb(torch.zeros(1), torch.arange(32)[None])  # (1, 32, d_head)
+    not_prefix = 0
+    for seed in range(4):
+        model(torch.randint(0, V, (1, 32), generator=torch.Generator().manual_seed(seed)))
+    for cos in got:  # one per input whose layer 3 still had tokens
+        pos = torch.cdist(cos, table[0]).argmin(1)  # the position each row's rotation belongs to
+        assert torch.allclose(cos, table[0, pos])
+        assert len(pos) < 32 and bool((pos[1:] > pos[:-1]).all())
+        not_prefix += not torch.equal(pos, torch.arange(len(pos)))
+    assert not_prefix  # some tokens were rotated at their original, not compact, positions
+
+
+# DTR samples its actions in training (a stochastic policy); in hybrid stage 2 it is frozen.
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+@pytest.mark.parametrize("method,training", [(m, False) for m in METHODS] + [("ltp", True)])
+def test_no_leakage_from_the_future(family, method, training):
+    model = patched(family, method)
+    model.train(training)
+    x = torch.randint(0, V, (3, 30))
+    for t in (5, 17, 28):
+        a = model(x).logits
+        y = x.clone()
+        y[:, t + 1] = (y[:, t + 1] + 7) % V
+        b = model(y).logits
+        assert (a[:, : t + 1] - b[:, : t + 1]).abs().max() < 1e-5, f"leak at t={t}"
+        assert (a[:, t + 1 :] - b[:, t + 1 :]).abs().max() > 0  # the change is visible later
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+@pytest.mark.parametrize("method", METHODS)
+def test_kv_cache_matches_full_recompute(family, method):
+    model = patched(family, method)
+    x = torch.randint(0, V, (3, 26))
+    full = model(x).logits
+    assert min(attnprune.patch_state(model).stats["kept_per_layer"]) < 1.0
+    cache = DynamicCache(config=model.config)
+    parts = [model(x[:, :10], past_key_values=cache, use_cache=True).logits]
+    for t in range(10, 26):
+        parts.append(model(x[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
+    assert (torch.cat(parts, 1) - full).abs().max() < 1e-4
+    lengths = [cache.get_seq_length(l) for l in range(4)]
+    assert lengths[0] == 26 and min(lengths) < 26  # pruned layers cached fewer keys
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gemma2"])
+def test_generation_same_with_and_without_cache(family):
+    model = patched(family, "ltp")
+    prompt = torch.randint(0, V, (1, 8))
+    a = generate(model, prompt, 60, temperature=0.0, use_cache=True)  # slides past 64
+    b = generate(model, prompt, 60, temperature=0.0, use_cache=False)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_gradients_reach_thresholds(family):
+    model = patched(family, "ltp")
+    model.train()
+    x = torch.randint(0, V, (2, 20))
+    out = model(x, labels=x)
+    aux = attnprune.aux_loss(model)
+    assert aux is not None
+    (out.loss + aux).backward()
+    m = model.base_model.attnprune_method
+    assert m.tau.grad is not None and m.tau.grad.abs().sum() > 0
+    assert m.w.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("method", ["dtr", "hybrid"])
+def test_gradients_reach_the_policy(family, method):
+    model = patched(family, method, **({"stage": 1} if method == "hybrid" else {}))
+    model.train()
+    x = torch.randint(0, V, (4, 20))
+    out = model(x, labels=x)
+    aux = attnprune.aux_loss(model)
+    assert aux is not None and torch.isfinite(aux)
+    (out.loss + aux).backward()
+    m = model.base_model.attnprune_method
+    dtr = m.dtr if method == "hybrid" else m
+    grads = [p.grad for p in dtr.parameters()]
+    assert all(g is not None for g in grads) and sum(g.abs().sum() for g in grads) > 0
+
+
+def test_padding_mask_matches_unpadded_rows():
+    model = patched("llama", "ltp")
+    x = torch.randint(0, V, (2, 20))
+    mask = torch.ones(2, 20, dtype=torch.long)
+    mask[1, 15:] = 0  # right padding of row 1
+    a = model(x, attention_mask=mask).logits
+    b = model(x[1:, :15]).logits
+    assert (a[1, :15] - b[0]).abs().max() < 1e-5
+
+
+def test_row_bucketing_keeps_outputs():
+    model = patched("qwen2", "ltp")
+    x = torch.randint(0, V, (6, 32))
+    state = attnprune.patch_state(model)
+    a = model(x).logits
+    state.bucket_rows = False
+    b = model(x).logits
+    assert (a - b).abs().max() < 1e-5
+
+
+def test_sequences_beyond_the_sliding_window_are_refused():
+    model = tiny("mistral", sliding_window=16)
+    attnprune.patch(model, "ltp")
+    model(torch.randint(0, V, (1, 16)))  # inside the window: the window masks nothing
+    with pytest.raises(ValueError, match="sliding_window"):
+        model(torch.randint(0, V, (1, 17)))
+
+
+def test_refused_families_say_why():
+    conf = tf.Gemma3TextConfig(vocab_size=V, hidden_size=32, intermediate_size=64,
+                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=8, pad_token_id=0)
+    model = tf.Gemma3ForCausalLM(conf)
+    with pytest.raises(ValueError, match="gemma3_text.*rotary embedding differs per layer type"):
+        attnprune.patch(model, "ltp")
+    assert type(model.base_model) is tf.Gemma3TextModel
+
+
+def test_non_causal_methods_and_bad_layers_are_refused():
+    with pytest.raises(ValueError, match="not causal"):
+        attnprune.patch(tiny(), "attention_mass", keep_ratio=0.5)
+    with pytest.raises(ValueError, match="layers"):
+        attnprune.patch(tiny(), "ltp", layers=[4])
