@@ -263,3 +263,47 @@ def test_non_causal_methods_and_bad_layers_are_refused():
         attnprune.patch(tiny(), "attention_mass", keep_ratio=0.5)
     with pytest.raises(ValueError, match="layers"):
         attnprune.patch(tiny(), "ltp", layers=[4])
+
+
+# ----------------------------------------------------------------------------- lm --arch llama
+def test_lm_arch_option_is_checked():
+    from attnprune.config import ConfigError, load_config
+    from attnprune.lm import LMConfig
+
+    with pytest.raises(ConfigError, match="arch"):
+        load_config(LMConfig, None, {"arch": "bert"})
+    with pytest.raises(ConfigError, match="n_kv_head"):
+        load_config(LMConfig, None, {"arch": "llama", "n_head": 4, "n_kv_head": 3})
+    with pytest.raises(ConfigError, match="n_kv_head"):
+        load_config(LMConfig, None, {"n_kv_head": 2})  # gpt2 has no key/value groups
+
+
+def test_lm_builds_a_llama_of_the_preset_size():
+    from attnprune.lm import LMConfig, build_model, context_window
+
+    model = build_model(LMConfig(arch="llama"), vocab_size=65)
+    c = model.config
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads) == (4, 128, 4)
+    assert c.num_key_value_heads == 2 and c.intermediate_size == 344 and context_window(c) == 128
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied
+
+
+def test_lm_llama_run_with_ltp(tmp_path):
+    import json
+
+    from attnprune.lm import main
+
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text("To be, or not to be, that is the question:\n" * 60)
+    argv = ["--arch", "llama", "--data", f"text:{corpus}", "--n-layer", "3", "--n-embd", "32",
+            "--n-head", "2", "--context", "32", "--batch-size", "4", "--eval-windows", "8",
+            "--gen-tokens", "10", "--bench-repeats", "1", "--warmup", "1", "--steps", "2",
+            "--eval-every", "2", "--method", "ltp", "--method-options", "{keep_ratio: 0.5}",
+            "--out", str(tmp_path / "run"), "--exact-out"]
+    assert main(argv) == 0
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    e = s["methods"]["ltp"]
+    assert len(e["kept_per_layer"]) == 3 and len(e["flops"]["per_layer_full"]) == 3
+    assert min(e["flops"]["per_layer_full"]) > 0  # the Llama layers were found by name
+    assert e["generation"]["cache_consistent"] is True
