@@ -124,10 +124,12 @@ class PrunedDecoder(CausalBlockLoop):
     def _attnprune_call(self, run: _Pass, l: int, block: nn.Module, h: Tensor, index: Tensor,
                         mask) -> Tensor:
         # Kept tokens keep their original positions: gather (cos, sin) with the alive index.
-        # (Always gathered: two (b, K, d_head) copies per block, exact, and no state to track.)
         cos, sin = run.rows["cos"], run.rows["sin"]  # (b, L, d_head)
-        idx = index[..., None].expand(-1, -1, cos.shape[-1])  # (b, K, d_head)
-        cos, sin = torch.gather(cos, 1, idx), torch.gather(sin, 1, idx)
+        # Tokens leave only at decision layers (before their block): until the first one the
+        # index is the identity and the chunk's (cos, sin) are already in order.
+        if run.layers and l >= min(run.layers):
+            idx = index[..., None].expand(-1, -1, cos.shape[-1])  # (b, K, d_head)
+            cos, sin = torch.gather(cos, 1, idx), torch.gather(sin, 1, idx)
         kw = {"use_cache": run.use_cache} if FAMILIES[self.config.model_type].layer_use_cache else {}
         return block(h, attention_mask=mask, past_key_values=run.cache,
                      position_embeddings=(cos, sin), **kw)
