@@ -44,6 +44,12 @@ longer attended to". REINFORCE rewards need the per-sequence LM loss, so a forwa
 LM-head model turns the actions' log-probabilities into the policy loss when ``labels`` are
 given (it lands in ``attnprune.aux_loss(model)``).
 
+The block loop lives in :class:`CausalBlockLoop` and the option checks in :func:`patch_causal`,
+so that the rotary decoder families (:mod:`attnprune.hosts.hf_llama`) share them: a family
+only says where its blocks are, how one block is called on the compact tokens (GPT-2 ignores
+the original positions; rotary models gather their (cos, sin) with them) and how its forward
+embeds the input.
+
 Written by hand: no library prunes tokens inside HF causal models, nor buckets the rows of a
 batch whose lengths change between its blocks.
 """
