@@ -6,12 +6,19 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as tf
-from transformers import DynamicCache
+from test_hf_causal import (  # tests/ is on sys.path
+    check_dropped_tokens_skip_later_blocks,
+    check_gradients_reach_the_policy,
+    check_gradients_reach_thresholds,
+    check_kv_cache_matches_full_recompute,
+    check_no_leakage_from_the_future,
+    check_padding_mask_matches_unpadded_rows,
+    force_pruning,
+)
 
 import attnprune
 from attnprune.hosts.hf_llama import FAMILIES
 from attnprune.lm import generate
-from attnprune.measure import count_flops
 
 V = 40
 # model_type → (config class, LM class, extra config fields). Gemma and Qwen3 set head_dim
@@ -41,35 +48,6 @@ def tiny(family: str = "llama", n_layer: int = 4, seed: int = 0, **extra):
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         pad_token_id=0, bos_token_id=0, eos_token_id=0, **{**fields, **extra})
     return getattr(tf, lm_name)(conf).eval()
-
-
-def force_pruning(model, seed: int = 1) -> None:
-    """Random, decisive scorers so that about half the tokens are dropped at each decision."""
-    g = torch.Generator().manual_seed(seed)
-    m = model.base_model.attnprune_method
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if name.endswith("w") and p.dim() == 2:  # LTP scorer
-                p.copy_(torch.randn(p.shape, generator=g) * 2.0)
-            if name.endswith("w2.weight"):  # DTR policy output
-                p.copy_(torch.randn(p.shape, generator=g) * 3.0)
-            if name.endswith("w2.bias"):
-                p.zero_()
-    # Centre each DTR policy on its median logit so that it keeps about half the tokens.
-    state = attnprune.patch_state(model)
-    enabled, state.enabled = state.enabled, True
-    for pol in [mod for mod in m.modules() if type(mod).__name__ == "Policy"]:
-        logits = []
-        hook = pol.w2.register_forward_hook(lambda mod, a, out, acc=logits: acc.append(out.detach()))
-        was = m.training
-        m.eval()
-        with torch.no_grad():
-            model(torch.randint(0, V, (4, 32), generator=g))
-        m.train(was)
-        hook.remove()
-        with torch.no_grad():
-            pol.w2.bias.fill_(-float(torch.cat([z.flatten() for z in logits]).median()))
-    state.enabled = enabled
 
 
 def patched(family: str, method: str = "ltp", **kw):
@@ -111,19 +89,7 @@ def test_keeping_every_token_equals_stock(family):
 @pytest.mark.parametrize("method", METHODS)
 def test_dropped_tokens_skip_later_layers_and_cost_fewer_flops(family, method):
     model = patched(family, method)
-    x = torch.randint(0, V, (2, 32))
-    seen = {}
-    hooks = [b.register_forward_pre_hook(lambda mod, a, i=i: seen.__setitem__(i, a[0].shape[1]))
-             for i, b in enumerate(model.base_model.layers)]
-    pruned = count_flops(lambda: model(x))
-    kept = attnprune.patch_state(model).stats["kept_per_layer"]
-    for h in hooks:
-        h.remove()
-    assert seen[0] == 32 and min(seen.values()) < 32  # shorter tensors reach later layers
-    assert kept[0] == 1.0 and min(kept) < 0.9
-    attnprune.patch_state(model).enabled = False
-    full = count_flops(lambda: model(x))
-    assert pruned < 0.95 * full
+    check_dropped_tokens_skip_later_blocks(model, model.base_model.layers)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2"])
@@ -155,30 +121,13 @@ def test_kept_tokens_keep_their_original_rope_positions(family):
 def test_no_leakage_from_the_future(family, method, training):
     model = patched(family, method)
     model.train(training)
-    x = torch.randint(0, V, (3, 30))
-    for t in (5, 17, 28):
-        a = model(x).logits
-        y = x.clone()
-        y[:, t + 1] = (y[:, t + 1] + 7) % V
-        b = model(y).logits
-        assert (a[:, : t + 1] - b[:, : t + 1]).abs().max() < 1e-5, f"leak at t={t}"
-        assert (a[:, t + 1 :] - b[:, t + 1 :]).abs().max() > 0  # the change is visible later
+    check_no_leakage_from_the_future(model)
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 @pytest.mark.parametrize("method", METHODS)
 def test_kv_cache_matches_full_recompute(family, method):
-    model = patched(family, method)
-    x = torch.randint(0, V, (3, 26))
-    full = model(x).logits
-    assert min(attnprune.patch_state(model).stats["kept_per_layer"]) < 1.0
-    cache = DynamicCache(config=model.config)
-    parts = [model(x[:, :10], past_key_values=cache, use_cache=True).logits]
-    for t in range(10, 26):
-        parts.append(model(x[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
-    assert (torch.cat(parts, 1) - full).abs().max() < 1e-4
-    lengths = [cache.get_seq_length(l) for l in range(4)]
-    assert lengths[0] == 26 and min(lengths) < 26  # pruned layers cached fewer keys
+    check_kv_cache_matches_full_recompute(patched(family, method))
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gemma2"])
@@ -192,42 +141,18 @@ def test_generation_same_with_and_without_cache(family):
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_gradients_reach_thresholds(family):
-    model = patched(family, "ltp")
-    model.train()
-    x = torch.randint(0, V, (2, 20))
-    out = model(x, labels=x)
-    aux = attnprune.aux_loss(model)
-    assert aux is not None
-    (out.loss + aux).backward()
-    m = model.base_model.attnprune_method
-    assert m.tau.grad is not None and m.tau.grad.abs().sum() > 0
-    assert m.w.grad.abs().sum() > 0
+    check_gradients_reach_thresholds(patched(family, "ltp"))
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("method", ["dtr", "hybrid"])
 def test_gradients_reach_the_policy(family, method):
     model = patched(family, method, **({"stage": 1} if method == "hybrid" else {}))
-    model.train()
-    x = torch.randint(0, V, (4, 20))
-    out = model(x, labels=x)
-    aux = attnprune.aux_loss(model)
-    assert aux is not None and torch.isfinite(aux)
-    (out.loss + aux).backward()
-    m = model.base_model.attnprune_method
-    dtr = m.dtr if method == "hybrid" else m
-    grads = [p.grad for p in dtr.parameters()]
-    assert all(g is not None for g in grads) and sum(g.abs().sum() for g in grads) > 0
+    check_gradients_reach_the_policy(model, method)
 
 
 def test_padding_mask_matches_unpadded_rows():
-    model = patched("llama", "ltp")
-    x = torch.randint(0, V, (2, 20))
-    mask = torch.ones(2, 20, dtype=torch.long)
-    mask[1, 15:] = 0  # right padding of row 1
-    a = model(x, attention_mask=mask).logits
-    b = model(x[1:, :15]).logits
-    assert (a[1, :15] - b[0]).abs().max() < 1e-5
+    check_padding_mask_matches_unpadded_rows(patched("llama", "ltp"))
 
 
 def test_row_bucketing_keeps_outputs():

@@ -123,6 +123,17 @@ class CausalBlockLoop:
     its ``forward`` with the embedded chunk.
     """
 
+    def _attnprune_positions(self, embeds: Tensor, cache, use_cache, position_ids):
+        """(cache, position_ids (1 or B, L)): a new cache if one is asked for and none given;
+        default positions continue block 0's cache, whose length is the position because
+        block 0 never prunes (later blocks cache fewer keys)."""
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = torch.arange(past, past + embeds.shape[1], device=embeds.device)[None]
+        return cache, position_ids
+
     def _attnprune_loop(self, h: Tensor, attention_mask, past_key_values, use_cache,
                         block_kwargs: dict, rows: dict) -> Tensor:
         """Every block on ``h`` (B, L, d) with pruning; returns the final states (B, L, d)
@@ -292,12 +303,9 @@ class PrunedGPT2Model(CausalBlockLoop, GPT2Model):
             if input_ids is None:
                 raise ValueError("input_ids: give input_ids or inputs_embeds")
             inputs_embeds = self.wte(input_ids)
-        B, L, _ = inputs_embeds.shape
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if position_ids is None:  # block 0 never prunes, so its cache length is the position
-            position_ids = torch.arange(past, past + L, device=inputs_embeds.device)[None]
+        B = inputs_embeds.shape[0]
+        past_key_values, position_ids = self._attnprune_positions(
+            inputs_embeds, past_key_values, use_cache, position_ids)
         h = inputs_embeds + self.wpe(position_ids)
         if token_type_ids is not None:
             h = h + self.wte(token_type_ids.view(B, -1))

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from transformers import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from . import register_host
@@ -144,12 +143,9 @@ class PrunedDecoder(CausalBlockLoop):
                              "give the 2D (B, L) padding mask")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # Gemma's scaling lives in this module
-        B, L, _ = inputs_embeds.shape
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if position_ids is None:  # layer 0 never prunes, so its cache length is the position
-            position_ids = torch.arange(past, past + L, device=inputs_embeds.device)[None]
+        B = inputs_embeds.shape[0]
+        past_key_values, position_ids = self._attnprune_positions(
+            inputs_embeds, past_key_values, use_cache, position_ids)
         w = sliding_window(self.config, FAMILIES[self.config.model_type])
         if w is not None and int(position_ids.max()) >= w:
             raise ValueError(
