@@ -477,8 +477,9 @@ def summarize(cfg: ParetoConfig, results: ResultsDir) -> dict:
         if label == FULL:
             continue
         c = _paired(kp, label, FULL, cfg.seeds)
-        if c is not None:
-            comparisons.append({**c, "against": "full"})
+        if c is not None:  # one dict: Holm's p below reaches the point's record too
+            c["against"] = "full"
+            comparisons.append(c)
             e["vs_full"] = c
         lat = _lat(e, big)
         if e["family"] != "layer-drop" and lat is not None:
@@ -486,7 +487,8 @@ def summarize(cfg: ParetoConfig, results: ResultsDir) -> dict:
             if near is not None:
                 c = _paired(kp, label, near, cfg.seeds)
                 if c is not None:
-                    comparisons.append({**c, "against": "nearest-latency layer-drop"})
+                    c["against"] = "nearest-latency layer-drop"
+                    comparisons.append(c)
                     e["vs_layer_drop"] = c
     ps = [c["p"] for c in comparisons]
     if ps:
