@@ -817,11 +817,9 @@ def _figure(methods: dict, results: ResultsDir, metric: str = "accuracy") -> Non
 def main(argv: list[str]) -> int:
     """``attnprune finetune [--config FILE] [--key value ...] --out DIR``."""
     if "--help" in argv or "-h" in argv:
-        print(__doc__)
-        print("options (--key value):")
-        for f in dataclasses.fields(FinetuneConfig):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            print(f"  --{f.name.replace('_', '-'):<22} default {default!r}")
+        from .config import print_help
+
+        print_help(__doc__, FinetuneConfig)
         return 0
     # parsed by process 0 (which may read a resumed folder's files) and sent to the others:
     # every process runs the same configuration

@@ -44,7 +44,6 @@ point (± int8) whose latency is at most its own.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -684,11 +683,9 @@ def run(cfg: ParetoConfig, results: ResultsDir) -> dict:
 def main(argv: list[str]) -> int:
     """``attnprune pareto [--config FILE] [--key value ...] --out DIR``."""
     if "--help" in argv or "-h" in argv:
-        print(__doc__)
-        print("options (--key value):")
-        for f in dataclasses.fields(ParetoConfig):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            print(f"  --{f.name.replace('_', '-'):<22} default {default!r}")
+        from .config import print_help
+
+        print_help(__doc__, ParetoConfig)
         return 0
     from pathlib import Path
 
