@@ -9,8 +9,8 @@ One results folder holds every point of the front, each scored on the same test 
 * ``layers=N`` for N in ``layer_drop``: the first N layers of that seed's full model
   (:func:`attnprune.baselines.keep_first_layers`), fine-tuned ``epochs`` more with
   distillation from it (the strongest simple layer-dropping recipe);
-* ``<method>@ρ/L<l>`` for each entry of ``prune``: the full model patched with the token
-  method (``attnprune.patch``), fine-tuned the same way (pruning-aware, distilled);
+* ``<method>[:<options>]@ρ/L<l>`` for each entry of ``prune`` (``attention_mass:cls@0.35/L1``):
+  the full model patched with the token method (``attnprune.patch``), fine-tuned the same way (pruning-aware, distilled);
   with ``layers: N`` in the entry (label ``…/depthN``), the first N layers of the full model
   are kept and then pruned: token pruning composed with layer-dropping, the way it composes
   with int8;
@@ -170,14 +170,18 @@ class ParetoConfig:
             rhos = list(rhos) if isinstance(rhos, (list, tuple)) else [rhos]
             if isinstance(p.get("schedule"), (list, tuple)):
                 rhos = rhos[:1]  # the list schedule fixes every layer's ratio: one point
+            # the options are part of the name: two scorers at one ρ are two points
+            opts = ",".join(f"{v}" if k == "variant" else f"{k}={v}"
+                            for k, v in sorted(p.get("options", {}).items()))
+            name = p["method"] + (f":{opts}" if opts else "")
             for rho in rhos:
                 after = int(p.get("after_layer", 1))
                 sched = p.get("schedule", "single")
                 if isinstance(sched, (list, tuple)):  # per-layer cumulative keep ratios
-                    label = f"{p['method']}@[{','.join(f'{r:g}' for r in sched)}]"
+                    label = f"{name}@[{','.join(f'{r:g}' for r in sched)}]"
                 else:
                     suffix = "" if sched in (None, "single") else f"/{sched}"
-                    label = f"{p['method']}@{rho:g}/L{after}{suffix}"
+                    label = f"{name}@{rho:g}/L{after}{suffix}"
                 depth = p.get("layers")
                 if depth is not None:
                     label += f"/depth{depth}"

@@ -81,12 +81,16 @@ def test_pruned_point_with_a_depth_is_truncated_then_patched():
     family, so the verdict does not count it as a layer-drop point)."""
     from attnprune.pareto import _family, build
 
-    cfg = ParetoConfig(layer_drop=(2,), prune=({"method": "attention_mass", "keep_ratio": 0.5,
-                                                "after_layer": 1, "layers": 3},))
-    pt = cfg.points()[-1]
+    cfg = ParetoConfig(layer_drop=(2,), prune=(
+        {"method": "attention_mass", "keep_ratio": 0.5, "after_layer": 1, "layers": 3},
+        {"method": "attention_mass", "keep_ratio": 0.5, "after_layer": 1, "options": {"variant": "cls"}},
+        {"method": "attention_mass", "keep_ratio": 0.5, "after_layer": 1, "options": {"variant": "mean"}}))
+    pt, cls, mean = cfg.points()[-3:]
     assert pt["label"] == "attention_mass@0.5/L1/depth3"
     assert _family(pt["label"]) == "attention_mass (3 layers)"
     assert _family(pt["label"] + "+int8") == "attention_mass (3 layers)"
+    # two scorers at one ρ are two points (the options are in the name)
+    assert (cls["label"], mean["label"]) == ("attention_mass:cls@0.5/L1", "attention_mass:mean@0.5/L1")
     torch.manual_seed(0)
     base = BertForSequenceClassification(BertConfig(vocab_size=50, num_hidden_layers=4, **KW)).eval()
     m = build(base, pt)
