@@ -11,9 +11,9 @@ One results folder holds every point of the front, each scored on the same test 
   distillation from it (the strongest simple layer-dropping recipe);
 * ``<method>[:<options>]@ρ/L<l>`` for each entry of ``prune`` (``attention_mass:cls@0.35/L1``):
   the full model patched with the token method (``attnprune.patch``), fine-tuned the same
-  way (pruning-aware, distilled); with ``layers: N`` in the entry (label ``…/depthN``), the first N layers of the full model
-  are kept and then pruned: token pruning composed with layer-dropping, the way it composes
-  with int8;
+  way (pruning-aware, distilled); with ``layers: N`` in the entry (label ``…/depthN``), the
+  first N layers of the full model are kept and then pruned: token pruning composed with
+  layer-dropping, the way it composes with int8;
 * ``… +int8`` for every one of these (``int8: true``): the trained model after dynamic int8
   quantization of its Linear layers (:func:`attnprune.deploy.quantize_int8`), scored on CPU.
 
