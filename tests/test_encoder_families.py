@@ -1,0 +1,309 @@
+"""Token methods walked over the registry × the encoder families of ``hf_attention.FAMILIES``.
+
+Tiny random models (the configs of ``test_attention_families``: 2 layers, width 32, 4 heads,
+T = 12 with two right-padded rows): BERT, RoBERTa, DistilBERT, XLM-R, CamemBERT, ELECTRA,
+ALBERT (shared layers, embedding projection), MPNet (relative position bias), DeBERTa-v2
+(disentangled relative attention, log buckets), ModernBERT (RoPE, a local layer with window
+4 < T after the pruning layer). For every family × token method: parity at ρ = 1, fewer
+counted FLOPs at ρ = 0.5, padding never kept nor counted, gradients reach the method's
+parameters. Per family: gathered tokens keep their original positions (a gather across holes
+in the mask equals the stock model with those holes; dropping real tokens equals masking them
+as keys in the layers after the pruning layer), copies run their own layers, and a refused
+family says why.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+
+import pytest
+import torch
+import transformers as tf
+from test_attention_families import ARCHS, V, batch, build  # tests/ is on sys.path
+
+import attnprune
+from attnprune.hosts.hf_attention import FAMILIES
+from attnprune.measure import count_flops
+from attnprune.methods.base import Selection
+
+PARITY = 1e-5  # DESIGN.md: keep_ratio = 1 reproduces the unpatched model to 1e-5
+ENCODERS = [a for a in ARCHS if FAMILIES[a].token]
+TOKEN_METHODS = attnprune.list_methods("token")
+
+
+def _no_dropout(model):
+    """Train mode without randomness: the soft and hard paths then differ only by design."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return model
+
+
+def _outputs(model, ids, mask) -> torch.Tensor:
+    """The logits and the encoder's last states at real tokens (through the same patch)."""
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    hidden = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
+    return torch.cat([logits.flatten(), hidden[mask.bool()].flatten()])
+
+
+def token_parity(arch: str, method: str) -> float:
+    """Max |patched − unpatched| over logits and real tokens' last states at keep_ratio = 1
+    (also printed by ``scripts/family_table.py``)."""
+    model = build(arch)
+    ids, mask = batch()
+    with torch.no_grad():
+        ref = _outputs(model, ids, mask)
+        attnprune.patch(model, method, keep_ratio=1.0, after_layer=1, output="scatter")
+        got = _outputs(model, ids, mask)
+        attnprune.unpatch(model)
+        back = _outputs(model, ids, mask)
+    assert torch.equal(back, ref), "unpatch did not restore the stock model"
+    return float((got - ref).abs().max())
+
+
+class Fixed(torch.nn.Module):
+    """A token method keeping a given (B, L) set; ``soft`` = the same set, for training."""
+
+    needs_attention = False
+
+    def __init__(self, keep: torch.Tensor) -> None:
+        super().__init__()
+        self.keep = keep
+
+    def forward(self, hidden, mask, **kw):
+        keep = self.keep[:, : mask.shape[1]] & mask
+        return Selection(keep=keep, soft=keep.float())
+
+
+def _with_fixed(model, keep, **options):
+    attnprune.patch(model, "random", keep_ratio=0.5, after_layer=1, output="scatter", **options)
+    attnprune.patch_state(model).modules = Fixed(keep)
+    return model
+
+
+def holes_gap(arch: str) -> float:
+    """Max |Δ| at real tokens between the stock model with holes in its mask and the patched one
+    gathering the real tokens after layer 1 (every real token kept): the gathered sequence is
+    shorter, so a family that numbered positions by slot would move every token after a hole."""
+    ids, _ = batch()
+    mask = torch.ones_like(ids)
+    mask[:, [2, 3, 6]] = 0  # holes in every row: after the gather, tokens 4… sit 2–3 slots left
+    mask[1, 9:] = 0
+    model = build(arch)
+    base = model.base_model
+    with torch.no_grad():
+        ref = base(input_ids=ids, attention_mask=mask).last_hidden_state
+        _with_fixed(model, mask.bool())
+        got = base(input_ids=ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    return float((got[real] - ref[real]).abs().max())
+
+
+@pytest.mark.parametrize("method", TOKEN_METHODS)
+@pytest.mark.parametrize("arch", ENCODERS)
+def test_keep_ratio_one_reproduces_unpatched(arch, method):
+    assert token_parity(arch, method) <= PARITY
+
+
+@pytest.mark.parametrize("arch", ENCODERS)
+def test_gathered_tokens_keep_their_original_positions(arch):
+    assert holes_gap(arch) <= PARITY
+
+
+@pytest.mark.parametrize("arch", [a for a in ENCODERS if a != "deberta-v2"])
+def test_gather_equals_masking_dropped_keys(arch):
+    """Dropping real tokens (gather, eval) = keeping them with log-mask bias −30 on their keys
+    in the later layers (the soft path, training, full length and stock positions)."""
+    model = _no_dropout(build(arch))
+    ids, mask = batch()
+    keep = torch.zeros(3, 12, dtype=torch.bool)
+    keep[0, [0, 1, 4, 5, 9, 11]] = True
+    keep[1, [0, 3, 4, 7]] = True
+    keep[2, [0, 2, 4]] = True
+    _with_fixed(model, keep)
+    base = model.base_model
+    with torch.no_grad():
+        hard = base(input_ids=ids, attention_mask=mask).last_hidden_state
+        model.train()
+        soft = base(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert torch.allclose(hard[keep], soft[keep], atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ENCODERS)
+def test_pruning_differs_from_consecutive_positions(arch):
+    """The position test above can fail: with the original positions replaced by the compact
+    slots (0 … K−1), the families with position terms in their layers move (> 1e-3)."""
+    if FAMILIES[arch].token not in ("mpnet", "deberta", "modernbert"):
+        pytest.skip("absolute positions enter at the embeddings only")
+    model = build(arch)
+    ids, _ = batch()
+    mask = torch.ones_like(ids)
+    mask[:, [2, 3, 6]] = 0
+    _with_fixed(model, mask.bool())
+    state = attnprune.patch_state(model)
+    call = state.anatomy.call
+
+    def slots(s, i, h, m, index):  # a gathered index replaced by the slot numbers 0 … K−1
+        return call(s, i, h, m, torch.arange(index.shape[1]).expand_as(index)
+                    if index.stride(0) else index)
+
+    with torch.no_grad():
+        ok = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
+        state.anatomy = dataclasses.replace(state.anatomy, call=slots)
+        moved = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    assert (ok[real] - moved[real]).abs().max() > 1e-3
+
+
+def force_decisions(model, ids, mask) -> None:
+    """Decisive random scorers for the methods that keep every token until trained (the
+    causal LTP's importance starts above its threshold, DTR's policy at π = 0.9): random
+    weights, then the causal LTP's thresholds τ_l at the median importance of ``ids``, so
+    that about half the tokens fall below τ_l / π = 0.5."""
+    g = torch.Generator().manual_seed(1)
+    method = attnprune.patch_state(model).modules
+    with torch.no_grad():
+        for name, p in method.named_parameters():
+            if name.endswith("w") and p.dim() == 2:  # causal LTP scorer (zeros at init)
+                p.copy_(torch.randn(p.shape, generator=g) * 2.0)
+            if name.endswith("w2.weight"):  # DTR policy output (zeros at init)
+                p.copy_(torch.randn(p.shape, generator=g) * 3.0)
+            if name.endswith("w2.bias"):
+                p.zero_()
+        for ltp in [m for m in method.modules() if type(m).__name__ == "LTPCausal"]:
+            seen = []
+            hook = ltp.register_forward_hook(lambda mod, a, kw, out: seen.append(
+                out.scores[kw["mask"] if "mask" in kw else a[1]]), with_kwargs=True)
+            model(input_ids=ids, attention_mask=mask)
+            hook.remove()
+            ltp.tau.fill_(float(torch.cat(seen).median()))
+
+
+LONG = torch.randint(3, V, (2, 32), generator=torch.Generator().manual_seed(2))
+
+
+@functools.cache
+def full_flops(arch: str) -> int:
+    """Counted FLOPs of the unpatched model on ``LONG``. Counted with autograd on:
+    FlopCounterMode's module tracker fails on a module whose input is a leaf parameter under
+    no_grad (DeBERTa's ``pos_dropout(rel_embeddings.weight)``)."""
+    model = build(arch)
+    return count_flops(lambda: model(input_ids=LONG, attention_mask=torch.ones_like(LONG)))
+
+
+@pytest.mark.parametrize("method", TOKEN_METHODS)
+@pytest.mark.parametrize("arch", ENCODERS)
+def test_fewer_flops_and_padding_never_kept(arch, method):
+    model = build(arch)
+    ids, mask = batch()
+    long_ids, long_mask = LONG, torch.ones_like(LONG)
+    full = full_flops(arch)
+    opts = {"init_threshold": 1.0} if method == "ltp" else {}  # LTP: a threshold that drops
+    attnprune.patch(model, method, keep_ratio=0.5, after_layer=1, **opts)
+    force_decisions(model, long_ids, long_mask)
+    state = attnprune.patch_state(model)
+    seen = []
+    select = state.modules.forward
+
+    def spy(hidden, m, **kw):
+        sel = select(hidden, m, **kw)
+        seen.append((m.clone(), sel.keep.clone()))
+        return sel
+
+    state.modules.forward = spy
+    pruned = count_flops(lambda: model(input_ids=long_ids, attention_mask=long_mask))
+    with torch.no_grad():
+        seen.clear()
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    # top-k keeps ⌊ρ·n⌋ in layer 2 of 2; thresholds and policies (the causal methods too)
+    # drop what they drop
+    m = state.modules
+    bound = full if getattr(m, "variable_budget", False) or getattr(m, "causal", False) else 0.95 * full
+    assert pruned < bound, f"{arch}/{method}: {pruned} vs {full} FLOPs"
+    assert torch.isfinite(logits).all()
+    stats = state.stats
+    assert stats["real_tokens"] == int(mask.sum())
+    assert stats["kept_per_layer"][0] == int(mask.sum())  # padding is not counted as kept
+    assert stats["kept_per_layer"][1] < stats["kept_per_layer"][0]
+    assert 0 < stats["kept_ratio"] < 1
+    for m, keep in seen:
+        assert not (keep & ~m).any(), "padding kept"
+
+
+def _grad_options(arch: str, method: str) -> dict:
+    opts = {"soft_mode": "multiply"} if arch == "deberta-v2" else {}  # see the refusal test
+    if method == "ltp":
+        opts["init_threshold"] = 0.01  # the soft gate's slope is not flat at the scores
+    return opts
+
+
+def _trained_by_loss(method: str) -> list[str]:
+    """Names of the method's parameters that the task loss and ``aux_loss`` train. DTR's
+    policies (also Hybrid's, frozen in its stage 2) learn by REINFORCE from per-sequence LM
+    losses, which only the causal host computes (``hf_causal``); on an encoder they get no
+    gradient, by construction."""
+    mod = attnprune.registry.create(method, context={"d_model": 32, "n_layers": 2,
+                                                     "n_heads": 4, "n_classes": 2})
+    return [n for n, _ in mod.named_parameters() if "policies" not in n]
+
+
+@pytest.mark.parametrize("method", [m for m in TOKEN_METHODS if _trained_by_loss(m)])
+@pytest.mark.parametrize("arch", ENCODERS)
+def test_gradients_reach_method_parameters(arch, method):
+    model = _no_dropout(build(arch)).train()
+    ids, mask = batch()
+    attnprune.patch(model, method, keep_ratio=0.5, after_layer=1, **_grad_options(arch, method))
+    out = model(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 1, 0]))
+    aux = attnprune.aux_loss(model)
+    (out.loss + (aux if aux is not None else 0)).backward()
+    params = dict(attnprune.patch_state(model).modules.named_parameters())
+    grads = [params[n].grad for n in _trained_by_loss(method)]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads), arch
+    assert any(g.abs().sum() > 0 for g in grads)
+
+
+def test_deberta_soft_bias_is_refused_with_the_reason():
+    model = _no_dropout(build("deberta-v2")).train()
+    ids, mask = batch()
+    attnprune.patch(model, "ltp", keep_ratio=0.5, after_layer=1)
+    with pytest.raises(ValueError, match="soft_mode='multiply'"):
+        model(input_ids=ids, attention_mask=mask)
+
+
+def test_refused_family_says_why():
+    cfg = tf.DebertaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2,
+                           num_attention_heads=4, intermediate_size=64,
+                           relative_attention=True)
+    model = tf.DebertaForSequenceClassification(cfg).eval()
+    with pytest.raises(ValueError, match="not supported by token methods: DeBERTa v1"):
+        attnprune.patch(model, "attention_mass", keep_ratio=0.5)
+    assert not hasattr(model, "_attnprune")
+
+
+@pytest.mark.parametrize("arch", ["albert", "mpnet", "deberta-v2", "modernbert"])
+def test_copies_run_their_own_layers(arch):
+    model = build(arch)
+    ids, mask = batch()
+    attnprune.patch(model, "attention_mass", keep_ratio=0.5, after_layer=1)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        a = model(input_ids=ids, attention_mask=mask).logits
+        for p in twin.parameters():
+            p.add_(0.05)
+        b = twin(input_ids=ids, attention_mask=mask).logits
+        a2 = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.equal(a, a2) and not torch.allclose(a, b)
+
+
+def test_albert_depths_are_layers():
+    """ALBERT's one shared layer runs at every depth: the schedule has one value per depth."""
+    model = build("albert", num_hidden_layers=3)
+    ids, mask = batch()
+    attnprune.patch(model, "attention_mass", schedule=[1.0, 0.5], after_layer=1)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    stats = attnprune.patch_state(model).stats
+    assert len(stats["kept_per_layer"]) == 3
+    assert stats["kept_per_layer"][2] < stats["kept_per_layer"][1] == stats["kept_per_layer"][0]
