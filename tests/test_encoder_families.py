@@ -307,3 +307,23 @@ def test_albert_depths_are_layers():
     stats = attnprune.patch_state(model).stats
     assert len(stats["kept_per_layer"]) == 3
     assert stats["kept_per_layer"][2] < stats["kept_per_layer"][1] == stats["kept_per_layer"][0]
+
+
+@pytest.mark.parametrize("arch", ["albert", "mpnet", "deberta-v2", "modernbert"])
+def test_attention_method_stacks_on_the_gathered_tokens(arch):
+    """crisp through the attention host's adapters reads the position terms the token host
+    hands the layers (gathered bias, per-row relative positions, local masks): at sparsity 0
+    the stack equals the token method alone; at 0.5 it acts."""
+    model = build(arch)
+    ids, mask = batch()
+    attnprune.patch(model, "attention_mass", keep_ratio=0.5, after_layer=1)
+    with torch.no_grad():
+        alone = model(input_ids=ids, attention_mask=mask).logits
+        attnprune.patch(model, "crisp", sparsity=0.0, stack=True)
+        neutral = model(input_ids=ids, attention_mask=mask).logits
+        on = attnprune.patch(build(arch), "attention_mass", keep_ratio=0.5, after_layer=1)
+        attnprune.patch(on, "crisp", sparsity=0.5, stack=True)
+        acted = on(input_ids=ids, attention_mask=mask).logits
+    assert attnprune.patch_state(model).stats["kept_ratio"] < 1
+    assert (neutral - alone).abs().max() <= PARITY
+    assert (acted - alone).abs().max() > 1e-4
