@@ -8,7 +8,8 @@ rows; decoders from ``tests/test_hf_llama.py`` / ``tests/test_hf_causal.py``) an
   (token: keep_ratio = 1; attention/loss: sparsity 0, fixed 1, λ 0), over the logits and the
   real tokens' last states (decoders: the logits); for encoder token cells also "gather", the
   max |Δ| at real tokens when the tokens after holes in the mask are gathered after layer 1
-  (original positions kept, see ``tests/test_encoder_families.py::holes_gap``);
+  (original positions kept, see ``tests/test_encoder_families.py::holes_gap``), and "drop",
+  dropped real tokens against the same tokens masked as keys in the later layers (``drop_gap``);
 * refused: the first line of the ValueError ``attnprune.patch`` raises (the why).
 
 Usage (CPU, about two minutes at one thread):
@@ -26,11 +27,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import transformers as tf  # noqa: E402
-from test_attention_families import ARCHS, DECODERS, METHODS, parity  # noqa: E402
-from test_encoder_families import ENCODERS, TOKEN_METHODS, holes_gap, token_parity  # noqa: E402
+import transformers as tf
+from test_attention_families import ARCHS, DECODERS, METHODS, parity
+from test_encoder_families import ENCODERS, TOKEN_METHODS, drop_gap, holes_gap, token_parity
 
-import attnprune  # noqa: E402
+import attnprune
 
 LABELS = {"mistral": "mistral (sliding window)", "gemma2": "gemma2 (softcap, alternating sliding)",
           "phi3": "phi3 (fused qkv)", "albert": "albert (shared layers, per depth)",
@@ -79,7 +80,9 @@ def _decoder_token_cell(arch: str) -> str:
 
 def _encoder_token_cell(arch: str) -> str:
     worst = max(token_parity(arch, m) for m in TOKEN_METHODS)
-    return f"works (all {len(TOKEN_METHODS)}): {worst:.1e}, gather {holes_gap(arch):.1e}"
+    drop = "n/a (no soft bias)" if arch == "deberta-v2" else f"{drop_gap(arch):.1e}"
+    return (f"works (all {len(TOKEN_METHODS)}): {worst:.1e}, gather {holes_gap(arch):.1e}, "
+            f"drop {drop}")
 
 
 def _attention_cell(arch: str) -> str:

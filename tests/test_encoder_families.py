@@ -97,8 +97,31 @@ def holes_gap(arch: str) -> float:
         ref = base(input_ids=ids, attention_mask=mask).last_hidden_state
         _with_fixed(model, mask.bool())
         got = base(input_ids=ids, attention_mask=mask).last_hidden_state
+    padded = attnprune.patch_state(model).stats["padded_per_layer"]
+    assert padded[1] < padded[0], "no gather happened"
     real = mask.bool()
     return float((got[real] - ref[real]).abs().max())
+
+
+DROP = torch.zeros(3, 12, dtype=torch.bool)  # real tokens kept after layer 1 in batch()
+DROP[0, [0, 1, 4, 5, 9, 11]] = True
+DROP[1, [0, 3, 4, 7]] = True
+DROP[2, [0, 2, 4]] = True
+
+
+def drop_gap(arch: str) -> float:
+    """Max |Δ| at kept tokens between dropping the others after layer 1 (gather, eval) and
+    keeping them with log-mask bias −30 on their keys in the later layers (the soft path,
+    training mode without dropout: full length, stock positions)."""
+    model = _no_dropout(build(arch))
+    ids, mask = batch()
+    _with_fixed(model, DROP)
+    base = model.base_model
+    with torch.no_grad():
+        hard = base(input_ids=ids, attention_mask=mask).last_hidden_state
+        model.train()
+        soft = base(input_ids=ids, attention_mask=mask).last_hidden_state
+    return float((hard[DROP] - soft[DROP]).abs().max())
 
 
 @pytest.mark.parametrize("method", TOKEN_METHODS)
@@ -114,21 +137,9 @@ def test_gathered_tokens_keep_their_original_positions(arch):
 
 @pytest.mark.parametrize("arch", [a for a in ENCODERS if a != "deberta-v2"])
 def test_gather_equals_masking_dropped_keys(arch):
-    """Dropping real tokens (gather, eval) = keeping them with log-mask bias −30 on their keys
-    in the later layers (the soft path, training, full length and stock positions)."""
-    model = _no_dropout(build(arch))
-    ids, mask = batch()
-    keep = torch.zeros(3, 12, dtype=torch.bool)
-    keep[0, [0, 1, 4, 5, 9, 11]] = True
-    keep[1, [0, 3, 4, 7]] = True
-    keep[2, [0, 2, 4]] = True
-    _with_fixed(model, keep)
-    base = model.base_model
-    with torch.no_grad():
-        hard = base(input_ids=ids, attention_mask=mask).last_hidden_state
-        model.train()
-        soft = base(input_ids=ids, attention_mask=mask).last_hidden_state
-    assert torch.allclose(hard[keep], soft[keep], atol=1e-5)
+    """Dropping real tokens = masking them as keys in the later layers (DeBERTa-v2 has no soft
+    bias: ``test_deberta_soft_bias_is_refused_with_the_reason``)."""
+    assert drop_gap(arch) <= PARITY
 
 
 @pytest.mark.parametrize("arch", ENCODERS)
@@ -174,7 +185,7 @@ def force_decisions(model, ids, mask) -> None:
                 p.zero_()
         for ltp in [m for m in method.modules() if type(m).__name__ == "LTPCausal"]:
             seen = []
-            hook = ltp.register_forward_hook(lambda mod, a, kw, out: seen.append(
+            hook = ltp.register_forward_hook(lambda mod, a, kw, out, acc=seen: acc.append(
                 out.scores[kw["mask"] if "mask" in kw else a[1]]), with_kwargs=True)
             model(input_ids=ids, attention_mask=mask)
             hook.remove()
@@ -327,3 +338,31 @@ def test_attention_method_stacks_on_the_gathered_tokens(arch):
     assert attnprune.patch_state(model).stats["kept_ratio"] < 1
     assert (neutral - alone).abs().max() <= PARITY
     assert (acted - alone).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("arch", ["albert", "mpnet", "deberta-v2", "modernbert"])
+def test_row_groups_keep_the_outputs(arch, monkeypatch):
+    """Rows regrouped by kept count after the gather (each group cut to its own width) get
+    their own position tables, and the same states as one padded batch."""
+    from attnprune.hosts import hf_encoder
+
+    monkeypatch.setattr(hf_encoder, "GROUP_OVERHEAD_TOKENS", 0.0)  # split at every count
+    groups = []
+    grouped = hf_encoder._grouped
+
+    def spy(state, run, start, row_groups, *rest, **kw):
+        groups.append(len(row_groups))
+        return grouped(state, run, start, row_groups, *rest, **kw)
+
+    monkeypatch.setattr(hf_encoder, "_grouped", spy)
+    model = build(arch)
+    ids, mask = batch()
+    _with_fixed(model, DROP)
+    state = attnprune.patch_state(model)
+    out = {}
+    with torch.no_grad():
+        for on in (True, False):
+            state.bucket_rows = on
+            out[on] = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert groups == [3]  # three rows, three kept counts (6, 4, 3): three groups
+    assert torch.allclose(out[True][DROP], out[False][DROP], atol=1e-5)

@@ -271,7 +271,7 @@ def _modernbert_forward(state, inner, original, input_ids=None, attention_mask=N
         return original(input_ids=input_ids, attention_mask=attention_mask,
                         position_ids=position_ids, inputs_embeds=inputs_embeds, **kwargs)
     if isinstance(attention_mask, dict):
-        raise ValueError("attention_mask: the token host builds ModernBERT's masks itself; pass "
+        raise ValueError("attention_mask: the token host builds ModernBERT's masks itself; pass "  # noqa: TRY004 (patch() contract: ValueError)
                          "the 2-D padding mask")
     if position_ids is not None and position_ids.shape[0] > 1 and not bool(
             (position_ids == position_ids[:1]).all()):
