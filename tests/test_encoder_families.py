@@ -83,7 +83,7 @@ def _with_fixed(model, keep, **options):
     return model
 
 
-def holes_gap(arch: str) -> float:
+def holes_gap(arch: str, **overrides) -> float:
     """Max |Δ| at real tokens between the stock model with holes in its mask and the patched one
     gathering the real tokens after layer 1 (every real token kept): the gathered sequence is
     shorter, so a family that numbered positions by slot would move every token after a hole."""
@@ -91,7 +91,7 @@ def holes_gap(arch: str) -> float:
     mask = torch.ones_like(ids)
     mask[:, [2, 3, 6]] = 0  # holes in every row: after the gather, tokens 4… sit 2–3 slots left
     mask[1, 9:] = 0
-    model = build(arch)
+    model = build(arch, **overrides)
     base = model.base_model
     with torch.no_grad():
         ref = base(input_ids=ids, attention_mask=mask).last_hidden_state
@@ -366,3 +366,114 @@ def test_row_groups_keep_the_outputs(arch, monkeypatch):
             out[on] = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
     assert groups == [3]  # three rows, three kept counts (6, 4, 3): three groups
     assert torch.allclose(out[True][DROP], out[False][DROP], atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["deberta-v2", "modernbert"])
+def test_saved_and_reloaded_model_prunes_the_same(arch, tmp_path):
+    """``save_pretrained`` / ``from_pretrained`` replay the patch on the new families."""
+    model = build(arch)
+    ids, mask = batch()
+    attnprune.patch(model, "ltp", keep_ratio=0.5, after_layer=1, init_threshold=1.0)
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask).logits
+    attnprune.save_pretrained(model, tmp_path / "m")
+    loaded = attnprune.from_pretrained(tmp_path / "m").eval()
+    with torch.no_grad():
+        got = loaded(input_ids=ids, attention_mask=mask).logits
+    assert attnprune.patch_state(loaded).stats["kept_ratio"] < 1
+    assert torch.allclose(got, ref, atol=1e-6)
+
+
+# DeBERTa-v3's settings (shared position projections, normalised relative embeddings) and
+# v2-xlarge's convolution; ALBERT with several groups of several inner layers (8 depths)
+VARIANTS = [("deberta-v2", {"share_att_key": True, "norm_rel_ebd": "layer_norm"}),
+            ("deberta-v2", {"conv_kernel_size": 3}),
+            ("albert", {"num_hidden_layers": 4, "num_hidden_groups": 2, "inner_group_num": 2})]
+
+
+@pytest.mark.parametrize("arch,overrides", VARIANTS)
+def test_variants_keep_parity_and_positions(arch, overrides):
+    model = build(arch, **overrides)
+    ids, mask = batch()
+    with torch.no_grad():
+        ref = _outputs(model, ids, mask)
+        attnprune.patch(model, "attention_mass", keep_ratio=1.0, after_layer=1, output="scatter")
+        got = _outputs(model, ids, mask)  # the host calls every depth itself, in its order
+    assert (got - ref).abs().max() <= PARITY
+    assert holes_gap(arch, **overrides) <= PARITY
+
+
+@pytest.mark.parametrize("arch", ENCODERS)
+def test_auto_output_gives_the_scatter_logits(arch):
+    """``output="auto"`` returns the short batch only to the heads listed in ``cls_head``
+    (they read CLS alone): the same logits as the stock-shaped output."""
+    ids, mask = batch()
+    out = {}
+    for mode in ("auto", "scatter"):
+        model = attnprune.patch(build(arch), "attention_mass", keep_ratio=0.5, after_layer=1,
+                                output=mode)
+        with torch.no_grad():
+            out[mode] = model(input_ids=ids, attention_mask=mask).logits
+        out[mode + "_state"] = attnprune.patch_state(model).output
+    assert out["auto_state"] == ("short" if FAMILIES[arch].cls_head else "scatter")
+    assert torch.equal(out["auto"], out["scatter"])
+
+
+class Spy(torch.nn.Module):
+    """Records the attention probabilities (every row) the host hands the method; keeps
+    ``DROP`` at the first pruning layer and every token after."""
+
+    needs_attention = True
+    attention_rows = "all"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = {}
+
+    def forward(self, hidden, mask, attn=None, layer=0, **kw):
+        self.attn[layer] = attn
+        keep = DROP[:, : mask.shape[1]] & mask if layer == 0 else mask
+        return Selection(keep=keep, soft=keep.float())
+
+
+@pytest.mark.parametrize("arch", ENCODERS)
+def test_scorer_sees_the_layers_softmax(arch):
+    """The scorer's A⁽ˡ⁾ is the softmax the layer computes, position terms included: equal to
+    the stock eager attentions at layer 1 (real query rows; DeBERTa masks padding rows too)."""
+    model = build(arch)
+    ids, mask = batch()
+    if model.config._attn_implementation != "eager":
+        model.set_attn_implementation("eager")
+    with torch.no_grad():
+        stock = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions[0]
+    attnprune.patch(model, "attention_mass", keep_ratio=0.5, after_layer=1)
+    spy = attnprune.patch_state(model).modules = Spy()
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    real = mask.bool()
+    got = spy.attn[0].permute(0, 2, 1, 3)[real]  # (real queries, H, L)
+    assert torch.allclose(got, stock.permute(0, 2, 1, 3)[real], atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", [a for a in ENCODERS if a != "deberta-v2"])
+def test_scorer_after_a_gather_keeps_positions(arch):
+    """At the second pruning layer the tokens have been gathered: the scorer's probabilities
+    among the kept tokens equal those of the soft path (full length, stock positions, dropped
+    keys masked with bias −30)."""
+    extra = {"layer_types": ["full_attention", "sliding_attention", "full_attention"]} \
+        if arch == "modernbert" else {}  # the second pruning layer local (window 4)
+    model = _no_dropout(build(arch, num_hidden_layers=3, **extra))
+    ids, mask = batch()
+    attnprune.patch(model, "attention_mass", schedule=[0.5, 0.25], after_layer=1)
+    spy = attnprune.patch_state(model).modules = Spy()
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+        hard = spy.attn[1]  # (B, H, K, K), the kept tokens in ascending order
+        model.train()
+        model(input_ids=ids, attention_mask=mask)
+        soft = spy.attn[1]  # (B, H, L, L)
+    for b in range(3):
+        pos = DROP[b].nonzero().squeeze(1)
+        k = len(pos)
+        expect = soft[b][:, pos][:, :, pos]
+        assert torch.allclose(hard[b, :, :k, :k], expect, atol=1e-5), (arch, b)
