@@ -9,7 +9,9 @@ rows; decoders from ``tests/test_hf_llama.py`` / ``tests/test_hf_causal.py``) an
   real tokens' last states (decoders: the logits); for encoder token cells also "gather", the
   max |Δ| at real tokens when the tokens after holes in the mask are gathered after layer 1
   (original positions kept, see ``tests/test_encoder_families.py::holes_gap``), and "drop",
-  dropped real tokens against the same tokens masked as keys in the later layers (``drop_gap``);
+  dropped real tokens against the same tokens masked as keys in the later layers (``drop_gap``),
+  and the counted FLOPs of attention_mass at ρ = 0.5 after layer 1 of 2 relative to the full
+  model (2 × 32 tokens);
 * refused: the first line of the ValueError ``attnprune.patch`` raises (the why).
 
 Usage (CPU, about two minutes at one thread):
@@ -28,10 +30,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import transformers as tf
-from test_attention_families import ARCHS, DECODERS, METHODS, parity
-from test_encoder_families import ENCODERS, TOKEN_METHODS, drop_gap, holes_gap, token_parity
+from test_attention_families import ARCHS, DECODERS, METHODS, build, parity
+from test_encoder_families import (
+    ENCODERS,
+    LONG,
+    TOKEN_METHODS,
+    drop_gap,
+    full_flops,
+    holes_gap,
+    token_parity,
+)
 
 import attnprune
+from attnprune.measure import count_flops
 
 LABELS = {"mistral": "mistral (sliding window)", "gemma2": "gemma2 (softcap, alternating sliding)",
           "phi3": "phi3 (fused qkv)", "albert": "albert (shared layers, per depth)",
@@ -78,11 +89,19 @@ def _decoder_token_cell(arch: str) -> str:
             + " / ".join(reasons))
 
 
+def _flops_ratio(arch: str) -> float:
+    """Counted FLOPs of attention_mass ρ = 0.5 after layer 1 of 2 over the full model's
+    (``LONG``: 2 rows × 32 tokens, no padding)."""
+    model = attnprune.patch(build(arch), "attention_mass", keep_ratio=0.5, after_layer=1)
+    pruned = count_flops(lambda: model(input_ids=LONG, attention_mask=torch.ones_like(LONG)))
+    return pruned / full_flops(arch)
+
+
 def _encoder_token_cell(arch: str) -> str:
     worst = max(token_parity(arch, m) for m in TOKEN_METHODS)
     drop = "n/a (no soft bias)" if arch == "deberta-v2" else f"{drop_gap(arch):.1e}"
     return (f"works (all {len(TOKEN_METHODS)}): {worst:.1e}, gather {holes_gap(arch):.1e}, "
-            f"drop {drop}")
+            f"drop {drop}; FLOPs at ρ = 0.5: {_flops_ratio(arch):.3f}")
 
 
 def _attention_cell(arch: str) -> str:
