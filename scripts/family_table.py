@@ -99,9 +99,8 @@ def _flops_ratio(arch: str) -> float:
 
 def _encoder_token_cell(arch: str) -> str:
     worst = max(token_parity(arch, m) for m in TOKEN_METHODS)
-    drop = "n/a (no soft bias)" if arch == "deberta-v2" else f"{drop_gap(arch):.1e}"
     return (f"works (all {len(TOKEN_METHODS)}): {worst:.1e}, gather {holes_gap(arch):.1e}, "
-            f"drop {drop}; FLOPs at ρ = 0.5: {_flops_ratio(arch):.3f}")
+            f"drop {drop_gap(arch):.1e}; FLOPs at ρ = 0.5: {_flops_ratio(arch):.3f}")
 
 
 def _attention_cell(arch: str) -> str:

@@ -109,11 +109,11 @@ DROP[1, [0, 3, 4, 7]] = True
 DROP[2, [0, 2, 4]] = True
 
 
-def drop_gap(arch: str) -> float:
+def drop_gap(arch: str, **overrides) -> float:
     """Max |Δ| at kept tokens between dropping the others after layer 1 (gather, eval) and
     keeping them with log-mask bias −30 on their keys in the later layers (the soft path,
     training mode without dropout: full length, stock positions)."""
-    model = _no_dropout(build(arch))
+    model = _no_dropout(build(arch, **overrides))
     ids, mask = batch()
     _with_fixed(model, DROP)
     base = model.base_model
@@ -135,10 +135,10 @@ def test_gathered_tokens_keep_their_original_positions(arch):
     assert holes_gap(arch) <= PARITY
 
 
-@pytest.mark.parametrize("arch", [a for a in ENCODERS if a != "deberta-v2"])
+@pytest.mark.parametrize("arch", ENCODERS)
 def test_gather_equals_masking_dropped_keys(arch):
-    """Dropping real tokens = masking them as keys in the later layers (DeBERTa-v2 has no soft
-    bias: ``test_deberta_soft_bias_is_refused_with_the_reason``)."""
+    """Dropping real tokens = masking them as keys in the later layers (DeBERTa-v2: its soft
+    path, the bias added to the module's own scores, against its stock layers)."""
     assert drop_gap(arch) <= PARITY
 
 
@@ -244,7 +244,7 @@ def test_fewer_flops_and_padding_never_kept(arch, method):
 
 
 def _grad_options(arch: str, method: str) -> dict:
-    opts = {"soft_mode": "multiply"} if arch == "deberta-v2" else {}  # see the refusal test
+    opts = {}
     if method == "ltp":
         opts["init_threshold"] = 0.01  # the soft gate's slope is not flat at the scores
     return opts
@@ -275,10 +275,14 @@ def test_gradients_reach_method_parameters(arch, method):
     assert any(g.abs().sum() > 0 for g in grads)
 
 
-def test_deberta_soft_bias_is_refused_with_the_reason():
-    model = _no_dropout(build("deberta-v2")).train()
+def test_deberta_soft_bias_with_a_stacked_attention_method_is_refused_with_the_reason():
+    """The stacked attention adapter masks DeBERTa's scores with a boolean again: the soft
+    bias could not reach them, and the error says what works instead."""
+    model = _no_dropout(build("deberta-v2"))
     ids, mask = batch()
     attnprune.patch(model, "ltp", keep_ratio=0.5, after_layer=1)
+    attnprune.patch(model, "crisp", sparsity=0.0, stack=True)
+    model.train()
     with pytest.raises(ValueError, match="soft_mode='multiply'"):
         model(input_ids=ids, attention_mask=mask)
 
@@ -401,6 +405,7 @@ def test_variants_keep_parity_and_positions(arch, overrides):
         got = _outputs(model, ids, mask)  # the host calls every depth itself, in its order
     assert (got - ref).abs().max() <= PARITY
     assert holes_gap(arch, **overrides) <= PARITY
+    assert drop_gap(arch, **overrides) <= PARITY
 
 
 @pytest.mark.parametrize("arch", ENCODERS)
@@ -455,7 +460,7 @@ def test_scorer_sees_the_layers_softmax(arch):
     assert torch.allclose(got, stock.permute(0, 2, 1, 3)[real], atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", [a for a in ENCODERS if a != "deberta-v2"])
+@pytest.mark.parametrize("arch", ENCODERS)
 def test_scorer_after_a_gather_keeps_positions(arch):
     """At the second pruning layer the tokens have been gathered: the scorer's probabilities
     among the kept tokens equal those of the soft path (full length, stock positions, dropped

@@ -376,12 +376,13 @@ def _mpnet_forward(module, hidden_states, attention_mask=None, position_bias=Non
     return (o, probs) if output_attentions else (o,)
 
 
-def _deberta_forward(module, hidden_states, attention_mask, output_attentions=False,
-                     query_states=None, relative_pos=None, rel_embeddings=None):
+def deberta_terms(module, hidden_states, query_states=None, relative_pos=None,
+                  rel_embeddings=None):
     """DisentangledSelfAttention (DeBERTa-v2/v3): S = QKᵀ/√(d·f) + c2p + p2c, f = 1 + number
-    of position terms. The c2p/p2c terms come from the module's own
-    ``disentangled_attention_bias`` (on its (B·H, T, d) layout) and enter as the bias."""
-    state = module.__dict__[STATE_ATTR]
+    of position terms. Returns q, k, v (B, H, T, d), the c2p + p2c terms (B, H, Tq, Tk) or
+    None, and the scaling (d·f)^-½, from the module's own layers and its
+    ``disentangled_attention_bias`` (on its (B·H, T, d) layout). Also used by the token host
+    (``hf_encoder_families``) for DeBERTa's soft-mask path."""
     h = module.num_attention_heads
     x_q = hidden_states if query_states is None else query_states
     q = module.transpose_for_scores(module.query_proj(x_q), h)  # (B·H, Tq, d)
@@ -397,12 +398,22 @@ def _deberta_forward(module, hidden_states, attention_mask, output_attentions=Fa
     def four_d(x):
         return x.view(b, h, *x.shape[1:])
 
+    return (four_d(q), four_d(k), four_d(v), None if bias is None else four_d(bias),
+            (q.shape[-1] * factor) ** -0.5)
+
+
+def _deberta_forward(module, hidden_states, attention_mask, output_attentions=False,
+                     query_states=None, relative_pos=None, rel_embeddings=None):
+    """DisentangledSelfAttention's scores (:func:`deberta_terms`): the c2p/p2c terms enter
+    as the bias."""
+    state = module.__dict__[STATE_ATTR]
+    q, k, v, bias, scaling = deberta_terms(module, hidden_states, query_states, relative_pos,
+                                           rel_embeddings)
     if query_states is not None:  # the intensity predictor reads what the queries come from
         state.hidden[state.current] = query_states
     out, probs = state.attention_fn(
-        module, four_d(q), four_d(k), four_d(v), attention_mask.bool(),
-        dropout=module.dropout.p if module.training else 0.0,
-        scaling=(q.shape[-1] * factor) ** -0.5, bias=None if bias is None else four_d(bias))
+        module, q, k, v, attention_mask.bool(),
+        dropout=module.dropout.p if module.training else 0.0, scaling=scaling, bias=bias)
     return out.flatten(2), (probs if output_attentions else None)
 
 

@@ -192,24 +192,23 @@ def _deberta_forward(state, inner, original, hidden_states, attention_mask,
 
 
 def _deberta_tables(state, hidden, mask4d, index):
-    """(attention mask (b, 1, K, K), relative positions, padding mask (b, K)) for the tokens at
-    original positions ``index``.
+    """(attention mask (b, 1, K, K), relative positions, padding mask (b, K), soft key bias or
+    None) for the tokens at original positions ``index``.
 
     Relative positions are index_i − index_j, log-bucketed as DebertaV2Encoder's own
     ``build_relative_position``. Before any gather they are the stock (1, K, K); after one they
     differ per row, and ``disentangled_attention_bias`` (which indexes a (B·H, K, ·) layout)
-    takes them as (1, b·H, K, K)."""
+    takes them as (1, b·H, K, K). The soft bias: ``mask4d`` itself when it is the host's
+    additive log-mask (training, ``soft_mode="bias"``), not a hard 0 / −∞ mask."""
     from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
 
     enc = state.encoder
     b, k = hidden.shape[:2]
+    soft = None
     if mask4d is not None and mask4d.is_floating_point():
         lo = torch.finfo(mask4d.dtype).min / 2
         if not ((mask4d == 0) | (mask4d <= lo)).all():
-            raise ValueError(
-                "soft_mode: DeBERTa-v2 masks its scores with a boolean mask (masked_fill), so "
-                "the soft log-mask bias of soft_mode='bias' cannot enter; patch with "
-                "soft_mode='multiply' to train a soft-mask method on it")
+            soft = mask4d
     real = _key_mask(mask4d, b, k, hidden.device).long()  # (b, K)
     att = enc.get_attention_mask(real)  # (b, 1, K, K): the stock outer product
     rel = None
@@ -222,16 +221,40 @@ def _deberta_tables(state, hidden, mask4d, index):
         if rel.shape[0] > 1:
             h = state.n_heads
             rel = rel[:, None].expand(rel.shape[0], h, k, k).reshape(1, -1, k, k)
-    return att, rel, real
+    return att, rel, real, soft
+
+
+def _deberta_soft_layer(layer, hidden, att, rel, rel_emb, soft):
+    """DebertaV2Layer with the host's soft log-mask bias on the keys. DeBERTa masks its scores
+    with a boolean (``masked_fill``), where an additive bias cannot enter, so this path takes
+    the scores from :func:`hf_attention.deberta_terms` (the module's own projections and
+    c2p/p2c) and adds the bias; the rest is the layer's own modules, in its order."""
+    from ..methods.crisp import fused_attention
+    from .hf_attention import deberta_terms
+
+    sa = layer.attention.self
+    if "forward" in sa.__dict__:  # an attention method stacked through hf_attention's adapter
+        raise ValueError("soft_mode: with an attention method stacked on DeBERTa-v2, the soft "
+                         "log-mask bias of soft_mode='bias' cannot reach its attention; patch "
+                         "the token method with soft_mode='multiply'")
+    q, k, v, terms, scaling = deberta_terms(sa, hidden, None, rel, rel_emb)
+    bias = soft if terms is None else terms + soft  # (b, 1|H, K, K)
+    ctx = fused_attention(q, k, v, att.bool(), is_causal=False, scaling=scaling,
+                          dropout=sa.dropout.p, training=sa.training, bias=bias)
+    a = layer.attention.output(ctx.flatten(2), hidden)
+    return layer.output(layer.intermediate(a), a)
 
 
 def _deberta_call(state, i, hidden, mask4d, index):
     enc = state.encoder
     state.family_index = index
-    att, rel, real = _cached(state, "tables", (index, mask4d),
-                             lambda: _deberta_tables(state, hidden, mask4d, index))
+    att, rel, real, soft = _cached(state, "tables", (index, mask4d),
+                                   lambda: _deberta_tables(state, hidden, mask4d, index))
     rel_emb = _cached(state, "rel_embeddings", (), enc.get_rel_embedding)
-    out = state.layers[i](hidden, att, relative_pos=rel, rel_embeddings=rel_emb)[0]
+    if soft is not None:
+        out = _deberta_soft_layer(state.layers[i], hidden, att, rel, rel_emb, soft)
+    else:
+        out = state.layers[i](hidden, att, relative_pos=rel, rel_embeddings=rel_emb)[0]
     if i == 0 and enc.conv is not None:  # the encoder's convolution after its first layer
         out = enc.conv(hidden, out, real)
     return out
