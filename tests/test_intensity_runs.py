@@ -7,25 +7,19 @@ import json
 
 import numpy as np
 import pytest
+import test_lm  # tests/ is on sys.path
 
 from attnprune import lm, stats
 from attnprune.config import ConfigError, load_config
 from attnprune.experiments import intensity_runs as ir
 
+corpus = test_lm.corpus  # the tiny text fixture, shared
+
 TINY_LM = "{n_layer: 2, n_embd: 32, n_head: 2, context: 32, batch_size: 4, warmup: 1}"
 
 
-@pytest.fixture()
-def corpus(tmp_path):
-    text = ("To be, or not to be, that is the question:\nWhether 'tis nobler in the mind "
-            "to suffer\nThe slings and arrows of outrageous fortune,\n") * 40
-    p = tmp_path / "tiny.txt"
-    p.write_text(text)
-    return p
-
-
-def _argv(corpus, out):
-    return ["--data", f"text:{corpus}", "--seeds", "0,1", "--steps", "4", "--eval-every", "2",
+def _argv(text_file, out):
+    return ["--data", f"text:{text_file}", "--seeds", "0,1", "--steps", "4", "--eval-every", "2",
             "--eval-windows", "4", "--lm-options", TINY_LM, "--gen-tokens", "6",
             "--speed-repeats", "1", "--speed-batch", "2", "--threads", "1",
             "--out", str(out), "--exact-out"]

@@ -356,8 +356,8 @@ def format_table(methods: dict, comparisons: list[dict], speed: dict | None) -> 
               and c["diff"] < 0]
     worse = [a for a, c in cmp.items() if c["p_holm"] is not None and c["p_holm"] < 0.05
              and c["diff"] > 0]
-    lines += ["", f"Lower validation loss than run 0 after Holm (p < 0.05): {', '.join(better) or 'none'}; "
-                  f"higher: {', '.join(worse) or 'none'}."]
+    lines += ["", (f"Lower validation loss than run 0 after Holm (p < 0.05): "
+                   f"{', '.join(better) or 'none'}; higher: {', '.join(worse) or 'none'}.")]
     if speed:
         lines.append(f"Speed: seed {speed['seed']}'s models, {speed['threads']} thread(s), "
                      f"timed round-robin (median of {speed['repeats']}); gen = "
