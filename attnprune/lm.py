@@ -19,6 +19,16 @@ saved baseline (``--init``), in the paper's stages:
     hybrid                         stage 1: DTR policy, frozen backbone; stage 2: LTP and the
                                    backbone, policy frozen
 
+A sweep of a method's options (:func:`run_sweep`) trains, for each seed, the unpruned control
+for as many steps as the method's stages together and one run per point, all from ``--init``:
+
+    attnprune lm --preset cpu-small --init BASE/model.safetensors --method dtr \
+                 --steps 300 --stage2-steps 300 --sweep "{keep_target: [0.4, 0.6, 0.8]}" \
+                 --seeds 0,1,2 --out runs/dtr-sweep --exact-out
+
+While a REINFORCE policy trains (DTR, hybrid stage 1) every sequence of a batch is fed
+``samples`` times in a row (the method's option, default 4: its leave-one-out baseline).
+
 Checkpoints (safetensors: model, optimizer moments, RNG state; JSON for the rest) are written
 at every evaluation; a killed run resumes from the last one when rerun with the same ``--out``.
 Results (DESIGN.md contract): ``summary.json`` (perplexity, kept ratio per layer, measured and
@@ -655,9 +665,10 @@ def run_sweep(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
     """A sweep of ``cfg.method``'s options (``cfg.sweep``), fine-tuned from ``cfg.init``.
 
     For each seed: the unpruned control (:func:`control_schedule`) and one run per point,
-    each a plain ``lm`` run in its own subfolder (``control-s0``, ``p0-keep_target=0.4-s0``,
+    each a plain ``lm`` run in its own subfolder (``control-s0``, ``keep_target=0.4-s0``,
     …). A rerun with the same ``--out`` skips the finished runs and resumes the killed one
-    from its last checkpoint. Writes ``sweep.json`` (every run and every point),
+    from its last checkpoint; so does a later sweep into the same folder with other points
+    or more seeds (the tables then cover the points and seeds it names). Writes ``sweep.json`` (every run and every point),
     ``sweep_table.md`` / ``.csv`` (one row per point: kept ratio, measured / effective FLOPs
     and wall time relative to the full model, perplexity, its change against the control of
     the same seed: per seed a paired bootstrap over validation windows; over ≥ 2 seeds the
@@ -688,7 +699,7 @@ def run_sweep(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
         for i, opts in enumerate(points):
             opt_text = yaml.safe_dump(opts, default_flow_style=True).strip()
             run = run_lm(replace(single, seed=seed, method_options=opt_text),
-                         rd.path / f"p{i}-{_slug(opts, swept)}-s{seed}", exact=True)
+                         rd.path / f"{_slug(opts, swept)}-s{seed}", exact=True)
             e = json.loads((run / "summary.json").read_text())["methods"][cfg.method]
             cmp = _paired_loss(cfg.method, np.load(run / "val_loss_per_window.npy"), "control", c_loss)
             runs.append({"point": i, "seed": seed, "run": run.name, "control": ctrl.name,

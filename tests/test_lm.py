@@ -189,7 +189,7 @@ def test_dtr_sweep_spreads_runs_resumes_and_tabulates(corpus, tmp_path, monkeypa
     def dying_save(folder, *a, **k):  # killed after the 2nd checkpoint of the second point
         real_save(folder, *a, **k)
         saves.append(folder.parent.name)
-        if saves.count("p1-keep_target=0.9-s0") == 2 and not killed:
+        if saves.count("keep_target=0.9-s0") == 2 and not killed:
             killed.append(True)
             raise KeyboardInterrupt
 
@@ -197,7 +197,7 @@ def test_dtr_sweep_spreads_runs_resumes_and_tabulates(corpus, tmp_path, monkeypa
     with pytest.raises(KeyboardInterrupt):
         main(argv)
     assert saves[:4] == ["control-s0"] * 4  # 4 steps, a checkpoint each
-    assert (out / "p0-keep_target=0.5-s0" / "summary.json").is_file()
+    assert (out / "keep_target=0.5-s0" / "summary.json").is_file()
     saves.clear()
     assert main(argv) == 0
     s = json.loads((out / "sweep.json").read_text())
@@ -208,8 +208,8 @@ def test_dtr_sweep_spreads_runs_resumes_and_tabulates(corpus, tmp_path, monkeypa
         assert 0 < p["kept_ratio"] <= 1 and p["flops_relative"] > 0 and 0 <= p["p_holm"] <= 1
         lo, hi = p["perplexity_change_ci95"]
         assert lo <= p["perplexity_change_pct"] <= hi
-    assert saves[0] == "p1-keep_target=0.9-s0" and "control-s0" not in saves  # resumed, skipped
-    hist = json.loads((out / "p1-keep_target=0.9-s0" / "history.json").read_text())
+    assert saves[0] == "keep_target=0.9-s0" and "control-s0" not in saves  # resumed, skipped
+    hist = json.loads((out / "keep_target=0.9-s0" / "history.json").read_text())
     assert [h["step"] for h in hist] == [1, 2, 3, 4]  # no step repeated
     assert "budget_lambda" in hist[0] and hist[-1]["stage"] == "backbone"
     for f in ("sweep.png", "sweep_table.md", "sweep_table.csv"):
