@@ -351,10 +351,15 @@ def _load_checkpoint(folder: Path, model, opt, gen: torch.Generator) -> dict:
 
 # ----------------------------------------------------------------------------- evaluation
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 16) -> dict:
-    """Mean next-token loss, perplexity and per-layer kept ratio over fixed windows (eval mode)."""
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 16,
+             sampled_method: bool = False) -> dict:
+    """Mean next-token loss, perplexity and per-layer kept ratio over fixed windows (eval mode;
+    ``sampled_method``: the token method alone in training mode, e.g. a policy that samples)."""
     was = model.training
     model.eval()
+    m = method_module(model)
+    if sampled_method and m is not None:
+        m.train()
     total, n, kept, n_kept = 0.0, 0, None, 0
     per_window = []
     for i in range(0, len(x), batch_size):
@@ -374,6 +379,30 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     out = {"loss": loss, "perplexity": math.exp(loss), "per_window": torch.cat(per_window).tolist()}
     out["kept_per_layer"] = [v / n_kept for v in kept] if kept is not None else None
     return out
+
+
+@torch.no_grad()
+def random_policy_control(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                          kept: list[float] | None, seeds: int = 3) -> dict | None:
+    """Perplexity of the same model with its policy's decisions replaced by random drops at
+    the same per-layer kept ratios ``kept`` (a copy of the model; methods with
+    ``match_rates_``, i.e. DTR). If the learned policy only learned how many tokens to keep,
+    the two perplexities agree; per-token decisions make the learned one lower."""
+    import copy
+
+    m = method_module(model)
+    if kept is None or not hasattr(m, "match_rates_"):
+        return None
+    ctrl = copy.deepcopy(model)  # a copy of a patched model runs its own method
+    method_module(ctrl).match_rates_(kept)
+    evs = []
+    for s in range(seeds):
+        torch.manual_seed(s)  # Bernoulli drops
+        evs.append(evaluate(ctrl, x, y, sampled_method=True))
+    loss = float(np.mean([e["loss"] for e in evs]))
+    return {"perplexity": math.exp(loss), "val_loss": loss, "seeds": seeds,
+            "per_seed_perplexity": [e["perplexity"] for e in evs],
+            "kept_per_layer": np.mean([e["kept_per_layer"] for e in evs], 0).tolist()}
 
 
 @torch.no_grad()
@@ -619,6 +648,8 @@ def run_lm(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
     entry = {"perplexity": ev["perplexity"], "val_loss": ev["loss"],
              "kept_ratio": None if kept is None else sum(kept) / len(kept),
              "kept_per_layer": kept, **costs}
+    if (rnd := random_policy_control(model, vx, vy, kept)) is not None:
+        entry["random_policy_control"] = rnd
     methods = {label: entry}
     comparisons = []
     if baseline_eval is not None:
@@ -709,6 +740,7 @@ def run_sweep(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
                          "time_relative": e["time"]["relative"], "perplexity": e["perplexity"],
                          "control_perplexity": c_ppl,
                          "perplexity_change_pct": 100 * (e["perplexity"] / c_ppl - 1),
+                         "random_policy_perplexity": (e.get("random_policy_control") or {}).get("perplexity"),
                          "loss_diff": cmp["diff"], "loss_diff_ci95": cmp["ci95"], "p_bootstrap": cmp["p"]})
     rows = []
     for i, opts in enumerate(points):
@@ -725,6 +757,8 @@ def run_sweep(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
             lo, hi = rs[0]["loss_diff_ci95"]
             ci = [100 * (math.exp(lo) - 1), 100 * (math.exp(hi) - 1)]
             p, test = rs[0]["p_bootstrap"], "paired bootstrap over windows"
+        rnd = [r["random_policy_perplexity"] for r in rs if r["random_policy_perplexity"] is not None]
+        mean["random_policy_perplexity"] = float(np.mean(rnd)) if rnd else None
         rows.append({"point": i, **{k: opts[k] for k in swept}, "seeds": len(rs), **mean,
                      "perplexity_change_ci95": ci, "p": p, "test": test})
     for r, ph in zip(rows, holm([r["p"] for r in rows])):

@@ -142,16 +142,19 @@ def _markdown(rows: list[dict]) -> str:
 
 
 def sweep_markdown(rows: list[dict], swept: list[str]) -> str:
-    """The sweep's table: one row per point (means over seeds)."""
+    """The sweep's table: one row per point (means over seeds). "random drops ppl": the same
+    model with the policy replaced by random drops at its per-layer kept ratios."""
     head = [*swept, "seeds", "kept ratio", "FLOPs rel. (measured)", "FLOPs rel. (effective)",
-            "time rel.", "perplexity", "control ppl", "Δppl vs control", "p (Holm)"]
+            "time rel.", "perplexity", "control ppl", "Δppl vs control", "p (Holm)",
+            "random drops ppl"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lo, hi = r["perplexity_change_ci95"]
         cells = [*(str(r[k]) for k in swept), str(r["seeds"]), f"{r['kept_ratio']:.3f}",
                  f"{r['flops_relative']:.3f}", f"{r['flops_effective_relative']:.3f}",
                  f"{r['time_relative']:.2f}", f"{r['perplexity']:.3f}", f"{r['control_perplexity']:.3f}",
-                 f"{r['perplexity_change_pct']:+.1f} % [{lo:+.1f}, {hi:+.1f}]", f"{r['p_holm']:.3g}"]
+                 f"{r['perplexity_change_pct']:+.1f} % [{lo:+.1f}, {hi:+.1f}]", f"{r['p_holm']:.3g}",
+                 "—" if r.get("random_policy_perplexity") is None else f"{r['random_policy_perplexity']:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

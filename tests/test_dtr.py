@@ -164,3 +164,20 @@ def test_compute_share_from_the_host_matches_its_kept_ratio():
     kept = st.stats["kept_per_layer"]
     assert 0 < kept[2] < kept[1] < 1  # both decision layers pruned some tokens
     assert float(c.mean()) == pytest.approx(sum(kept) / len(kept), abs=1e-6)
+
+
+def test_matched_random_policy_keeps_the_same_share_per_layer():
+    """``match_rates_``: sampled, the constant policies drop random tokens at the learned
+    per-layer kept ratios (the control of ``lm``'s random_policy_control)."""
+    from test_hf_causal import tiny
+
+    model = tiny()
+    attnprune.patch(model, "dtr", layers=[1, 3])
+    m = model.transformer.attnprune_method
+    m.match_rates_([1.0, 0.6, 0.6, 0.3])
+    model.eval()
+    m.train()
+    torch.manual_seed(0)
+    model(torch.randint(0, 40, (32, 40)))
+    kept = attnprune.patch_state(model).stats["kept_per_layer"]
+    assert kept[0] == 1.0 and abs(kept[1] - 0.6) < 0.05 and abs(kept[3] - 0.3) < 0.05

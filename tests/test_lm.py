@@ -206,6 +206,7 @@ def test_dtr_sweep_spreads_runs_resumes_and_tabulates(corpus, tmp_path, monkeypa
     assert len(s["runs"]) == 4 and all(p["seeds"] == 2 for p in s["points"])
     for p in s["points"]:
         assert 0 < p["kept_ratio"] <= 1 and p["flops_relative"] > 0 and 0 <= p["p_holm"] <= 1
+        assert p["random_policy_perplexity"] > 0
         lo, hi = p["perplexity_change_ci95"]
         assert lo <= p["perplexity_change_pct"] <= hi
     assert saves[0] == "keep_target=0.9-s0" and "control-s0" not in saves  # resumed, skipped

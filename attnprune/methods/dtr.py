@@ -239,6 +239,21 @@ class DTR(TokenMethod):
                 self.budget_lambda += self.budget_lr * (kept - self.keep_target)
         return -self.alpha * (adv * logp).sum() / valid.sum().clamp_min(1)
 
+    @torch.no_grad()
+    def match_rates_(self, kept_per_layer: list[float]) -> None:
+        """Make every policy constant: at decision layer l it keeps the share
+        kept_l / kept_(previous decision layer) of the tokens reaching it, so that, sampled
+        (training mode), it drops random tokens at the per-layer kept ratios
+        ``kept_per_layer`` of a learned policy: the control that tells per-token decisions
+        from a mere keep rate."""
+        prev = 1.0
+        for l in self.layers:
+            rate = min(max(kept_per_layer[l] / max(prev, 1e-9), 1e-4), 1 - 1e-4)
+            prev = kept_per_layer[l]
+            pol = self.policies[str(l)]
+            pol.w2.weight.zero_()
+            pol.w2.bias.fill_(math.log(rate / (1 - rate)))
+
     def train_stats(self) -> dict:
         """λ and the last training batch's sampled kept share, for training logs."""
         return {"budget_lambda": float(self.budget_lambda), "train_kept": self.last_train_kept}
