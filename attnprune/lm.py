@@ -19,6 +19,16 @@ saved baseline (``--init``), in the paper's stages:
     hybrid                         stage 1: DTR policy, frozen backbone; stage 2: LTP and the
                                    backbone, policy frozen
 
+A sweep of a method's options (:func:`run_sweep`) trains, for each seed, the unpruned control
+for as many steps as the method's stages together and one run per point, all from ``--init``:
+
+    attnprune lm --preset cpu-small --init BASE/model.safetensors --method dtr \
+                 --steps 300 --stage2-steps 300 --sweep "{keep_target: [0.4, 0.6, 0.8]}" \
+                 --seeds 0,1,2 --out runs/dtr-sweep --exact-out
+
+While a REINFORCE policy trains (DTR, hybrid stage 1) every sequence of a batch is fed
+``samples`` times in a row (the method's option, default 4: its leave-one-out baseline).
+
 Checkpoints (safetensors: model, optimizer moments, RNG state; JSON for the rest) are written
 at every evaluation; a killed run resumes from the last one when rerun with the same ``--out``.
 Results (DESIGN.md contract): ``summary.json`` (perplexity, kept ratio per layer, measured and
@@ -39,6 +49,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 import yaml
@@ -106,6 +117,11 @@ class LMConfig:
     bench_repeats: int = 5
     lengths: tuple[int, ...] = ()  # sequence lengths for the perplexity / FLOPs sweeps
     threads: int = 0  # torch threads; 0 = leave torch's default
+    # A sweep (see run_sweep): a YAML mapping of method options to lists of values, e.g.
+    # "{keep_target: [0.4, 0.6, 0.8]}"; every combination is one run, fine-tuned from ``init``
+    # next to an unpruned control, for each of ``seeds`` (default: ``seed``).
+    sweep: str = ""
+    seeds: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS and self.preset != "none":
@@ -144,11 +160,30 @@ class LMConfig:
                 f"method_options: expected a mapping like '{{key: value}}', got {self.method_options!r}")
         if self.init and not Path(self.init).is_file():
             raise ValueError(f"init: checkpoint not found: {self.init}")
+        if self.sweep.strip():
+            grid = yaml.safe_load(self.sweep)
+            if not isinstance(grid, dict) or not grid or not all(
+                    isinstance(v, list) and v for v in grid.values()):
+                raise ValueError(f"sweep: expected a mapping of options to non-empty lists, like "
+                                 f"'{{keep_target: [0.4, 0.6]}}', got {self.sweep!r}")
+            if self.method == "none":
+                raise ValueError("sweep: give the --method whose options it sweeps")
+            if not self.init:
+                raise ValueError("init: a sweep fine-tunes from a saved baseline (--init BASE/model.safetensors)")
 
     @property
     def options(self) -> dict:
         """``method_options`` parsed."""
         return dict(yaml.safe_load(self.method_options) or {})
+
+    def sweep_points(self) -> list[dict]:
+        """``method_options`` updated with every combination of the ``sweep`` values."""
+        import itertools
+
+        grid = yaml.safe_load(self.sweep) if self.sweep.strip() else {}
+        keys = list(grid)
+        return [{**self.options, **dict(zip(keys, vals))}
+                for vals in itertools.product(*(grid[k] for k in keys))]
 
 
 # ----------------------------------------------------------------------------- model
@@ -319,10 +354,15 @@ def _load_checkpoint(folder: Path, model, opt, gen: torch.Generator) -> dict:
 
 # ----------------------------------------------------------------------------- evaluation
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 16) -> dict:
-    """Mean next-token loss, perplexity and per-layer kept ratio over fixed windows (eval mode)."""
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 16,
+             sampled_method: bool = False) -> dict:
+    """Mean next-token loss, perplexity and per-layer kept ratio over fixed windows (eval mode;
+    ``sampled_method``: the token method alone in training mode, e.g. a policy that samples)."""
     was = model.training
     model.eval()
+    m = method_module(model)
+    if sampled_method and m is not None:
+        m.train()
     total, n, kept, n_kept = 0.0, 0, None, 0
     per_window = []
     for i in range(0, len(x), batch_size):
@@ -342,6 +382,30 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     out = {"loss": loss, "perplexity": math.exp(loss), "per_window": torch.cat(per_window).tolist()}
     out["kept_per_layer"] = [v / n_kept for v in kept] if kept is not None else None
     return out
+
+
+@torch.no_grad()
+def random_policy_control(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                          kept: list[float] | None, seeds: int = 3) -> dict | None:
+    """Perplexity of the same model with its policy's decisions replaced by random drops at
+    the same per-layer kept ratios ``kept`` (a copy of the model; methods with
+    ``match_rates_``, i.e. DTR). If the learned policy only learned how many tokens to keep,
+    the two perplexities agree; per-token decisions make the learned one lower."""
+    import copy
+
+    m = method_module(model)
+    if kept is None or not hasattr(m, "match_rates_"):
+        return None
+    ctrl = copy.deepcopy(model)  # a copy of a patched model runs its own method
+    method_module(ctrl).match_rates_(kept)
+    evs = []
+    for s in range(seeds):
+        torch.manual_seed(s)  # Bernoulli drops
+        evs.append(evaluate(ctrl, x, y, sampled_method=True))
+    loss = float(np.mean([e["loss"] for e in evs]))
+    return {"perplexity": math.exp(loss), "val_loss": loss, "seeds": seeds,
+            "per_seed_perplexity": [e["perplexity"] for e in evs],
+            "kept_per_layer": np.mean([e["kept_per_layer"] for e in evs], 0).tolist()}
 
 
 @torch.no_grad()
@@ -515,6 +579,10 @@ def train(model, data: LMData, cfg: LMConfig, rd: ResultsDir, history: list[dict
         bar = tqdm(range(step, stage["steps"]), desc=f"{cfg.method}:{stage['name']}",
                    initial=step, total=stage["steps"], disable=None, file=sys.stderr)
         _train_mode(model, stage)
+        m = method_module(model)
+        # A REINFORCE policy compares K sampled masks of the same sequence (DTR's leave-one-out
+        # baseline): each sequence is fed K times in a row while the policy trains.
+        k = int(getattr(m, "samples", 1)) if stage["train"] == "method" else 1
         for step in bar:
             lr = lr_at(step, stage["steps"], stage["lr"], min(cfg.min_lr, stage["lr"]), cfg.warmup)
             for g in opt.param_groups:
@@ -522,6 +590,8 @@ def train(model, data: LMData, cfg: LMConfig, rd: ResultsDir, history: list[dict
             tot_loss = 0.0
             for _ in range(cfg.grad_accum):
                 x, _ = batch(data.train, cfg.batch_size, cfg.context, gen)
+                if k > 1:
+                    x = x.repeat_interleave(k, 0)
                 # labels=x: HF shifts inside; the hook sees them for the policy's reward.
                 out = model(x, labels=x, use_cache=False)
                 loss = out.loss
@@ -538,7 +608,8 @@ def train(model, data: LMData, cfg: LMConfig, rd: ResultsDir, history: list[dict
                 _train_mode(model, stage)
                 history.append({"step": offset + done, "stage": stage["name"], "train_loss": tot_loss,
                                 "val_loss": ev["loss"], "val_perplexity": ev["perplexity"],
-                                "kept_per_layer": ev["kept_per_layer"], "lr": lr})
+                                "kept_per_layer": ev["kept_per_layer"], "lr": lr,
+                                **(m.train_stats() if hasattr(m, "train_stats") else {})})
                 bar.set_postfix(val=f"{ev['loss']:.3f}", train=f"{tot_loss:.3f}")
                 rd.write_json("history.json", history)
                 _save_checkpoint(ck, model, opt, {"stage": si, "step": done, "done": done == stage["steps"],
@@ -583,16 +654,19 @@ def run_lm(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
     entry = {"perplexity": ev["perplexity"], "val_loss": ev["loss"],
              "kept_ratio": None if kept is None else sum(kept) / len(kept),
              "kept_per_layer": kept, **costs}
+    if (rnd := random_policy_control(model, vx, vy, kept)) is not None:
+        entry["random_policy_control"] = rnd
     methods = {label: entry}
     comparisons = []
     if baseline_eval is not None:
         methods["baseline"] = {"perplexity": baseline_eval["perplexity"], "val_loss": baseline_eval["loss"]}
         entry["perplexity_relative"] = ev["perplexity"] / baseline_eval["perplexity"]
-        comparisons.append(_paired_loss(label, ev, baseline_eval))
+        comparisons.append(_paired_loss(label, ev["per_window"], "baseline", baseline_eval["per_window"]))
     summary = {"command": "lm", "env": env_info(), "data": cfg.data, "methods": methods,
                "comparisons": comparisons, "length_sweep": sweep,
                "n_parameters": sum(p.numel() for p in model.parameters())}
     rd.write_json("summary.json", summary)
+    rd.write_npy("val_loss_per_window.npy", np.asarray(ev["per_window"]))  # for paired tests
     rd.write_csv("metrics.csv", [{"method": label, "seed": cfg.seed, "perplexity": ev["perplexity"],
                                   "val_loss": ev["loss"], "kept_ratio": entry["kept_ratio"],
                                   "flops_relative": costs["flops"]["relative"],
@@ -610,17 +684,112 @@ def run_lm(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
     return path
 
 
-def _paired_loss(label: str, ev: dict, base: dict) -> dict:
-    """Paired bootstrap CI of the mean validation loss, method − baseline, over the same
-    windows (a window is the resampling unit: tokens inside one are not independent)."""
-    import numpy as np
+# ----------------------------------------------------------------------------- sweeps
+def control_schedule(cfg: LMConfig) -> tuple[int, float]:
+    """Steps and learning rate of the unpruned control beside a sweep: as many steps as all
+    of the method's stages together, at the backbone's learning rate (stage 2's where the
+    method has a stage that trains the backbone after the policy, else ``lr``)."""
+    st = stages(cfg)
+    backbone = [s for s in st if s["train"] != "method"]
+    return sum(s["steps"] for s in st), (backbone[-1]["lr"] if backbone else cfg.lr)
 
+
+def _slug(opts: dict, swept: list[str]) -> str:
+    return "-".join(f"{k}={opts[k]}" for k in swept).replace("/", "_").replace(" ", "")
+
+
+def run_sweep(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
+    """A sweep of ``cfg.method``'s options (``cfg.sweep``), fine-tuned from ``cfg.init``.
+
+    For each seed: the unpruned control (:func:`control_schedule`) and one run per point,
+    each a plain ``lm`` run in its own subfolder (``control-s0``, ``keep_target=0.4-s0``,
+    …). A rerun with the same ``--out`` skips the finished runs and resumes the killed one
+    from its last checkpoint; so does a later sweep into the same folder with other points
+    or more seeds (the tables then cover the points and seeds it names). Writes ``sweep.json`` (every run and every point),
+    ``sweep_table.md`` / ``.csv`` (one row per point: kept ratio, measured / effective FLOPs
+    and wall time relative to the full model, perplexity, its change against the control of
+    the same seed: per seed a paired bootstrap over validation windows; over ≥ 2 seeds the
+    mean with a t-interval and a paired t-test on the loss, Holm-adjusted over the points)
+    and ``sweep.png``.
+    """
+    from dataclasses import replace
+
+    from scipy import stats as sps
+
+    from . import lm_figures
+    from .stats import aggregate_seeds, holm
+
+    rd = ResultsDir.start(out, "lm-sweep", exact, cfg)
+    seeds = cfg.seeds or (cfg.seed,)
+    points = cfg.sweep_points()
+    swept = list(yaml.safe_load(cfg.sweep))
+    steps, lr = control_schedule(cfg)
+    single = replace(cfg, sweep="", seeds=())
+    runs = []
+    for seed in seeds:
+        ctrl = run_lm(replace(single, seed=seed, method="none", method_options="{}", steps=steps,
+                              lr=lr, min_lr=min(cfg.min_lr, lr), stage2_steps=0),
+                      rd.path / f"control-s{seed}", exact=True)
+        c_sum = json.loads((ctrl / "summary.json").read_text())
+        c_loss = np.load(ctrl / "val_loss_per_window.npy")
+        c_ppl = c_sum["methods"]["full"]["perplexity"]
+        for i, opts in enumerate(points):
+            opt_text = yaml.safe_dump(opts, default_flow_style=True).strip()
+            run = run_lm(replace(single, seed=seed, method_options=opt_text),
+                         rd.path / f"{_slug(opts, swept)}-s{seed}", exact=True)
+            e = json.loads((run / "summary.json").read_text())["methods"][cfg.method]
+            cmp = _paired_loss(cfg.method, np.load(run / "val_loss_per_window.npy"), "control", c_loss)
+            runs.append({"point": i, "seed": seed, "run": run.name, "control": ctrl.name,
+                         **{k: opts[k] for k in swept}, "kept_ratio": e["kept_ratio"],
+                         "kept_per_layer": e["kept_per_layer"], "flops_relative": e["flops"]["relative"],
+                         "flops_effective_relative": e["flops"]["proxy_relative"],
+                         "time_relative": e["time"]["relative"], "perplexity": e["perplexity"],
+                         "control_perplexity": c_ppl,
+                         "perplexity_change_pct": 100 * (e["perplexity"] / c_ppl - 1),
+                         "random_policy_perplexity": (e.get("random_policy_control") or {}).get("perplexity"),
+                         "loss_diff": cmp["diff"], "loss_diff_ci95": cmp["ci95"], "p_bootstrap": cmp["p"]})
+    rows = []
+    for i, opts in enumerate(points):
+        rs = [r for r in runs if r["point"] == i]
+        mean = {k: float(np.mean([r[k] for r in rs])) for k in
+                ("kept_ratio", "flops_relative", "flops_effective_relative", "time_relative",
+                 "perplexity", "control_perplexity", "perplexity_change_pct")}
+        d = [r["loss_diff"] for r in rs]
+        if len(rs) > 1:  # between seeds: t-interval of Δppl %, paired t-test of the loss
+            ci = aggregate_seeds([r["perplexity_change_pct"] for r in rs])["ci95"]
+            p = float(sps.ttest_1samp(d, 0.0).pvalue)
+            test = f"paired t-test over {len(rs)} seeds"
+        else:  # one seed: the paired bootstrap over windows
+            lo, hi = rs[0]["loss_diff_ci95"]
+            ci = [100 * (math.exp(lo) - 1), 100 * (math.exp(hi) - 1)]
+            p, test = rs[0]["p_bootstrap"], "paired bootstrap over windows"
+        rnd = [r["random_policy_perplexity"] for r in rs if r["random_policy_perplexity"] is not None]
+        mean["random_policy_perplexity"] = float(np.mean(rnd)) if rnd else None
+        rows.append({"point": i, **{k: opts[k] for k in swept}, "seeds": len(rs), **mean,
+                     "perplexity_change_ci95": ci, "p": p, "test": test})
+    for r, ph in zip(rows, holm([r["p"] for r in rows])):
+        r["p_holm"] = float(ph)
+    rd.write_json("sweep.json", {"command": "lm sweep", "method": cfg.method, "swept": swept,
+                                 "seeds": list(seeds), "init": cfg.init,
+                                 "control": {"steps": steps, "lr": lr}, "points": rows, "runs": runs,
+                                 "env": env_info()})
+    rd.write_csv("sweep_table.csv", rows)
+    rd.write_text("sweep_table.md", lm_figures.sweep_markdown(rows, swept))
+    lm_figures.sweep_figure(rd, rows, swept, cfg.method)
+    print(lm_figures.sweep_markdown(rows, swept))
+    print(f"results: {rd.path}")
+    return rd.path
+
+
+def _paired_loss(label: str, per_window, ref: str, ref_per_window) -> dict:
+    """Paired bootstrap CI of the mean validation loss, ``label`` − ``ref``, over the same
+    windows (a window is the resampling unit: tokens inside one are not independent)."""
     from .stats import paired_bootstrap_ci
 
-    a, b = np.asarray(ev["per_window"]), np.asarray(base["per_window"])
+    a, b = np.asarray(per_window), np.asarray(ref_per_window)
     r = paired_bootstrap_ci(np.zeros(len(a)), a, b, metric=lambda y, x: x.mean(axis=-1),
                             vectorized=True, n_resamples=5000, seed=0)
-    return {"a": label, "b": "baseline", "metric": "val_loss", "diff": r.estimate,
+    return {"a": label, "b": ref, "metric": "val_loss", "diff": r.estimate,
             "ci95": [r.low, r.high], "test": "paired bootstrap over windows", "p": r.pvalue,
             "effect": {"perplexity_ratio": math.exp(r.estimate)}}
 
@@ -645,5 +814,5 @@ def main(argv: list[str]) -> int:
     if preset not in PRESETS and preset != "none":
         raise ConfigError(f"preset: must be one of {', '.join(PRESETS)} or none, got {preset!r}")
     cl = parse_command_line(argv, LMConfig, default_out="results", defaults=PRESETS.get(preset, {}))
-    run_lm(cl.config, cl.out, cl.exact_out)
+    (run_sweep if cl.config.sweep.strip() else run_lm)(cl.config, cl.out, cl.exact_out)
     return 0

@@ -9,7 +9,9 @@ Fig. 2 of the paper varies the model depth; we have one trained model per run, s
 is "the first n layers" of it: Σ_{l<n} FLOPs_l · kept_l beside the full Σ_{l<n} FLOPs_l.
 
 :func:`write_figures` draws one run; :func:`compare_runs` (``python -m attnprune.lm_figures
-RUN… [--reference RUN] --out DIR``) overlays several runs and writes their table (``lm_table.csv`` / ``.md``).
+RUN… [--reference RUN] --out DIR``) overlays several runs and writes their table (``lm_table.csv`` / ``.md``);
+:func:`sweep_figure` and :func:`sweep_markdown` draw and tabulate an ``lm --sweep``
+(perplexity change against the control vs measured FLOPs; kept ratio vs the swept option).
 Plain matplotlib; every number comes from the runs' ``summary.json`` / ``history.json``.
 """
 
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from .results import ResultsDir, make_run_dir
 
-__all__ = ["compare_runs", "table_rows", "write_figures"]
+__all__ = ["compare_runs", "sweep_figure", "sweep_markdown", "table_rows", "write_figures"]
 
 
 def _plt():
@@ -137,6 +139,54 @@ def _markdown(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def sweep_markdown(rows: list[dict], swept: list[str]) -> str:
+    """The sweep's table: one row per point (means over seeds). "random drops ppl": the same
+    model with the policy replaced by random drops at its per-layer kept ratios."""
+    head = [*swept, "seeds", "kept ratio", "FLOPs rel. (measured)", "FLOPs rel. (effective)",
+            "time rel.", "perplexity", "control ppl", "Δppl vs control", "p (Holm)",
+            "random drops ppl"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lo, hi = r["perplexity_change_ci95"]
+        cells = [*(str(r[k]) for k in swept), str(r["seeds"]), f"{r['kept_ratio']:.3f}",
+                 f"{r['flops_relative']:.3f}", f"{r['flops_effective_relative']:.3f}",
+                 f"{r['time_relative']:.2f}", f"{r['perplexity']:.3f}", f"{r['control_perplexity']:.3f}",
+                 f"{r['perplexity_change_pct']:+.1f} % [{lo:+.1f}, {hi:+.1f}]", f"{r['p_holm']:.3g}",
+                 "—" if r.get("random_policy_perplexity") is None else f"{r['random_policy_perplexity']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def sweep_figure(rd: ResultsDir, rows: list[dict], swept: list[str], method: str) -> Path:
+    """``sweep.png``: Δ perplexity vs the control (95 % CI) against measured FLOPs, and the
+    measured kept ratio against the first swept option."""
+    plt = _plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    x = [r["flops_relative"] for r in rows]
+    y = [r["perplexity_change_pct"] for r in rows]
+    err = [[v - r["perplexity_change_ci95"][0] for v, r in zip(y, rows)],
+           [r["perplexity_change_ci95"][1] - v for v, r in zip(y, rows)]]
+    a.errorbar(x, y, yerr=err, fmt="o-", label=method)
+    for xi, yi, r in zip(x, y, rows):
+        a.annotate(", ".join(str(r[k]) for k in swept), (xi, yi), fontsize=7,
+                   textcoords="offset points", xytext=(4, 4))
+    a.axhline(0, color="k", lw=0.8, label="control")
+    a.set(xlabel="measured FLOPs / full", ylabel="perplexity vs control (%)",
+          title="perplexity change vs FLOPs")
+    a.legend()
+    k = swept[0]
+    try:
+        xs = [float(r[k]) for r in rows]
+    except (TypeError, ValueError):  # a non-numeric option: one tick per point
+        xs = list(range(len(rows)))
+    b.plot(xs, [r["kept_ratio"] for r in rows], "o-", label="measured")
+    if k == "keep_target":
+        b.plot(xs, xs, "k:", label="target")
+    b.set(xlabel=k, ylabel="kept ratio (all blocks)", title="kept ratio")
+    b.legend()
+    return rd.save_figure("sweep.png", fig)
 
 
 def compare_runs(run_dirs: list[Path], out: Path, reference: Path | None = None) -> Path:

@@ -215,19 +215,21 @@ def test_padding_mask_matches_unpadded_rows():
     check_padding_mask_matches_unpadded_rows(patched("ltp"))
 
 
-def test_reinforce_raises_the_log_prob_of_better_sequences():
+def test_reinforce_raises_the_log_prob_of_better_samples():
     from attnprune.methods.dtr import DTR
 
-    dtr = DTR(d_model=8, n_layers=4, sparsity_weight=0.5)
-    logp = torch.zeros(2, requires_grad=True)
-    kept = torch.tensor([10.0, 10.0])
-    actions = [{"log_prob": logp, "kept": kept, "n": torch.tensor([20.0, 20.0])}]
-    dtr.reinforce_loss(actions, lm_seq=torch.tensor([1.0, 2.0])).backward()
-    assert logp.grad[0] < 0 < logp.grad[1]  # descent raises log π of the lower-loss sequence
+    dtr = DTR(d_model=8, n_layers=4, sparsity_weight=0.5, samples=2).train()
+    logp = torch.zeros(2, 3, requires_grad=True)  # two samples of one sequence, 3 positions
+    keep = torch.ones(2, 3, dtype=torch.bool)
+    actions = [{"log_prob": logp, "keep": keep, "alive": keep, "layer": 1,
+                "index": torch.arange(3).expand(2, 3)}]
+    dtr.reinforce_loss(actions, torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]])).backward()
+    assert (logp.grad[0] < 0).all() and (logp.grad[1] > 0).all()  # lower loss: raised
     logp.grad = None
-    fewer = [{"log_prob": logp, "kept": torch.tensor([5.0, 15.0]), "n": torch.tensor([20.0, 20.0])}]
-    dtr.reinforce_loss(fewer, lm_seq=torch.tensor([1.0, 1.0])).backward()
-    assert logp.grad[0] < 0 < logp.grad[1]  # same loss: keeping fewer tokens is rewarded
+    fewer = [{**actions[0], "keep": torch.tensor([[False, True, True], [True, True, True]])}]
+    dtr.reinforce_loss(fewer, torch.ones(2, 3)).backward()
+    assert logp.grad[0, 0] < 0 < logp.grad[1, 0]  # same loss: dropping token 0 is rewarded
+    assert logp.grad[0, 2] == 0 == logp.grad[1, 2]  # ...and credited to positions ≤ 0 only
 
 
 def test_pure_soft_mask_also_passes_gradients():

@@ -168,3 +168,57 @@ def test_bench_lm_over_windows_with_and_without_row_bucketing(corpus, tmp_path):
     assert rows[True]["flops_full"] == rows[False]["flops_full"]
     with pytest.raises(ValueError, match="windows"):
         BenchLMConfig(run=str(run), windows=-1)
+
+
+@pytest.mark.slow
+def test_dtr_sweep_spreads_runs_resumes_and_tabulates(corpus, tmp_path, monkeypatch):
+    """``lm --sweep``: a control and one run per point from the same base; killed during the
+    second point, the rerun skips the finished runs and resumes the killed one."""
+    from attnprune import lm
+
+    base = run_lm(load_config(LMConfig, None, {**_kv(TINY), "data": f"text:{corpus}", "steps": 2,
+                                                "eval_every": 2, "gen_tokens": 0}),
+                  tmp_path / "base", exact=True)
+    out = tmp_path / "sweep"
+    argv = [*TINY, "--data", f"text:{corpus}", "--method", "dtr", "--steps", "2",
+            "--stage2-steps", "2", "--eval-every", "1", "--gen-tokens", "0", "--seeds", "0,1",
+            "--init", str(base / "model.safetensors"), "--method-options", "{samples: 2}",
+            "--sweep", "{keep_target: [0.5, 0.9]}", "--out", str(out), "--exact-out"]
+    real_save, saves, killed = lm._save_checkpoint, [], []
+
+    def dying_save(folder, *a, **k):  # killed after the 2nd checkpoint of the second point
+        real_save(folder, *a, **k)
+        saves.append(folder.parent.name)
+        if saves.count("keep_target=0.9-s0") == 2 and not killed:
+            killed.append(True)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(lm, "_save_checkpoint", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    assert saves[:4] == ["control-s0"] * 4  # 4 steps, a checkpoint each
+    assert (out / "keep_target=0.5-s0" / "summary.json").is_file()
+    saves.clear()
+    assert main(argv) == 0
+    s = json.loads((out / "sweep.json").read_text())
+    assert s["control"] == {"steps": 4, "lr": pytest.approx(3e-4)}
+    assert [p["keep_target"] for p in s["points"]] == [0.5, 0.9]
+    assert len(s["runs"]) == 4 and all(p["seeds"] == 2 for p in s["points"])
+    for p in s["points"]:
+        assert 0 < p["kept_ratio"] <= 1 and p["flops_relative"] > 0 and 0 <= p["p_holm"] <= 1
+        assert p["random_policy_perplexity"] > 0
+        lo, hi = p["perplexity_change_ci95"]
+        assert lo <= p["perplexity_change_pct"] <= hi
+    assert saves[0] == "keep_target=0.9-s0" and "control-s0" not in saves  # resumed, skipped
+    hist = json.loads((out / "keep_target=0.9-s0" / "history.json").read_text())
+    assert [h["step"] for h in hist] == [1, 2, 3, 4]  # no step repeated
+    assert "budget_lambda" in hist[0] and hist[-1]["stage"] == "backbone"
+    for f in ("sweep.png", "sweep_table.md", "sweep_table.csv"):
+        assert (out / f).is_file(), f
+
+
+def test_sweep_config_errors_name_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="sweep"):
+        load_config(LMConfig, None, {"method": "dtr", "sweep": "{keep_target: 0.5}"})
+    with pytest.raises(ConfigError, match="init"):
+        load_config(LMConfig, None, {"method": "dtr", "sweep": "{keep_target: [0.5]}"})

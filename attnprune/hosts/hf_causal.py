@@ -40,7 +40,7 @@ Training: hard decisions (DTR's Bernoulli actions) gather as at inference. Relax
 (LTP's m̃) keep the full length: a token's update by block l is scaled by its cumulative
 alive weight a_j, h ← h + a_j·(block(h) − h), and keys are down-weighted by adding log a_j to
 the attention scores (a float mask), the relaxation of "skips the remaining layers and is no
-longer attended to". REINFORCE rewards need the per-sequence LM loss, so a forward hook on the
+longer attended to". REINFORCE rewards need the per-position LM losses, so a forward hook on the
 LM-head model turns the actions' log-probabilities into the policy loss when ``labels`` are
 given (it lands in ``attnprune.aux_loss(model)``).
 
@@ -190,7 +190,7 @@ class CausalBlockLoop:
                 if sel.aux_loss is not None:
                     run.aux_losses.append(sel.aux_loss)
                 if sel.info is not None and "log_prob" in sel.info:
-                    run.actions.append(sel.info)
+                    run.actions.append({**sel.info, "index": index})  # + original positions
                 if self.training and sel.soft is not None:
                     soft = sel.soft * cmask.to(sel.soft.dtype)
                     alive = soft if alive is None else alive * soft
@@ -346,8 +346,9 @@ class CausalPatchState(PatchState):
 
     ``stats["kept_per_layer"]`` is the share of real tokens each block processed in the last
     forward (summed over row groups); ``enabled`` and ``bucket_rows`` may be switched between
-    forwards; ``actions`` holds the policy's per-sequence log-probabilities of the last forward
-    (DTR), turned into the REINFORCE loss by the LM-head hook when labels are given.
+    forwards; ``actions`` holds the policy's per-token actions and log-probabilities of the
+    last forward (DTR), with their original positions, turned into the REINFORCE loss by the
+    LM-head hook when labels are given.
     """
 
     def __init__(self, method: str, module: nn.Module, layers, keep_ratio, enabled: bool,
@@ -376,18 +377,26 @@ class CausalPatchState(PatchState):
             self._hook.remove()
         remove_state_hooks(model, self)
 
-    def policy_loss(self, logits: Tensor, labels: Tensor) -> Tensor | None:
+    def policy_loss(self, logits: Tensor, labels: Tensor, attention_mask: Tensor | None = None
+                    ) -> Tensor | None:
         """REINFORCE loss of the last forward's actions (DTR eq.: L_policy), or None."""
         if not self.actions:
             return None
-        # Per-sequence LM loss (shifted, ignore -100), the reward's first term.
+        # Per-position LM loss ℓ_t of predicting token t + 1 (shifted, ignore -100): the
+        # rewards' first term. The last position predicts nothing in this window: ℓ = 0.
         lg = logits[:, :-1].float()
         y = labels[:, 1:]
         ce = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), y.reshape(-1), reduction="none",
                              ignore_index=-100).view(y.shape)
-        valid = (y != -100).to(ce.dtype)
-        lm_seq = (ce * valid).sum(1) / valid.sum(1).clamp_min(1)  # (B,)
-        return self.method_module.reinforce_loss(self.actions, lm_seq.detach())
+        valid = y != -100
+        B, T = labels.shape
+        token_loss = torch.zeros(B, T, dtype=ce.dtype, device=ce.device)
+        token_loss[:, :-1] = ce.detach() * valid
+        real = torch.ones(B, T, dtype=torch.bool, device=ce.device)
+        real[:, :-1] = valid  # positions whose decisions count (the last one: its cost only)
+        if attention_mask is not None and attention_mask.shape == labels.shape:
+            real &= attention_mask.bool()
+        return self.method_module.reinforce_loss(self.actions, token_loss, real)
 
 
 def _policy_hook(state: CausalPatchState, module, args, kwargs, output) -> None:
@@ -398,7 +407,7 @@ def _policy_hook(state: CausalPatchState, module, args, kwargs, output) -> None:
     """
     labels = kwargs.get("labels")
     if module.training and labels is not None and state.actions:
-        loss = state.policy_loss(output.logits, labels)
+        loss = state.policy_loss(output.logits, labels, kwargs.get("attention_mask"))
         if loss is not None:
             state.aux_losses.append(loss)
 

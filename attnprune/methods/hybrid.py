@@ -9,6 +9,12 @@ layers max(1, L−3) … L−1 (for L = 12: 4, 8 and 9, 10, 11, the paper's). On
 sets may overlap; at a shared layer a token survives only if both keep it.
 ``stage=1`` runs DTR alone (LTP keeps everything); ``stage=2`` runs both, with the policy
 deterministic (π ≥ 0.5) whatever the mode, as it is frozen in that stage.
+
+The DTR part is :class:`attnprune.methods.dtr.DTR` with its per-position returns,
+leave-one-out baseline over ``dtr_samples`` samples per sequence and, with
+``dtr_keep_target`` set, a budget on its kept share (``dtr_sparsity_weight`` is then the
+multiplier's start); ``dtr_discount``, ``dtr_budget_lr`` and ``dtr_budget_gain`` go to it too.
+``keep_ratio`` (the patch's budget) is LTP's target, applied in stage 2 on top of DTR's.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ class Hybrid(TokenMethod):
                  ltp_layers=None, dtr_sparsity_weight: float = 1e-4,
                  ltp_sparsity_weight: float = 1.0, temperature: float = 0.05,
                  tau_final: float = 0.5, protect_last: int = 4,
-                 straight_through: bool = True) -> None:
+                 straight_through: bool = True, dtr_keep_target: float | None = None,
+                 dtr_samples: int = 4, dtr_discount: float = 0.9, dtr_budget_lr: float = 0.05,
+                 dtr_budget_gain: float = 2.0) -> None:
         super().__init__()
         if stage not in (1, 2):
             raise ValueError(f"stage must be 1 (DTR policy) or 2 (LTP + backbone), got {stage}")
@@ -39,7 +47,9 @@ class Hybrid(TokenMethod):
         d_l = parse_layers(dtr_layers, n_layers, default_dtr_layers(n_layers), "dtr_layers")
         default_ltp = list(range(max(1, n_layers - 3), n_layers))
         l_l = parse_layers(ltp_layers, n_layers, default_ltp, "ltp_layers")
-        self.dtr = DTR(d_model, n_layers, layers=d_l, sparsity_weight=dtr_sparsity_weight)
+        self.dtr = DTR(d_model, n_layers, layers=d_l, sparsity_weight=dtr_sparsity_weight,
+                       keep_target=dtr_keep_target, samples=dtr_samples, discount=dtr_discount,
+                       budget_lr=dtr_budget_lr, budget_gain=dtr_budget_gain)
         self.ltp = LTPCausal(d_model, n_layers, layers=l_l, tau_final=tau_final,
                              temperature=temperature, sparsity_weight=ltp_sparsity_weight,
                              protect_last=protect_last, straight_through=straight_through)
@@ -71,6 +81,15 @@ class Hybrid(TokenMethod):
             soft = soft * keep.to(soft.dtype)
         return Selection(keep, soft=soft, scores=scores, aux_loss=aux, info=info)
 
-    def reinforce_loss(self, actions, lm_seq):
+    @property
+    def samples(self) -> int:
+        """Rows per sequence the training loop feeds while the policy learns (stage 1)."""
+        return self.dtr.samples if self.stage == 1 else 1
+
+    def reinforce_loss(self, actions, token_loss, valid=None):
         """The DTR policy's REINFORCE loss (stage 1)."""
-        return self.dtr.reinforce_loss(actions, lm_seq)
+        return self.dtr.reinforce_loss(actions, token_loss, valid)
+
+    def train_stats(self) -> dict:
+        """The DTR policy's λ and last sampled kept share."""
+        return self.dtr.train_stats()
