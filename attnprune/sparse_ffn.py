@@ -1,0 +1,371 @@
+"""Sparse FFN execution: FFN units whose activation is zero skip the second projection.
+
+The cost incentive (``methods/cost.py``, ``compute_cost_incentive_ocr_zh.txt`` eq. 2) pushes
+FFN pre-activations z = W1x + b1 below 0. A dense kernel still multiplies the zeros, so the
+FLOPs do not fall (issue 13). Here the second projection y = W2 a + b2 is run on the active
+units only, per block of token rows:
+
+    a       the FFN activation, one row per token: (N, d_ff), N = B·T
+    τ       ``threshold``; unit j of row i counts as zero when
+            ``mode="relu"``:      a_ij ≤ τ   (with τ = 0 and a GELU FFN: exactly z_ij ≤ 0,
+                                              since GELU(z) ≤ 0 ⟺ z ≤ 0 — the units eq. 2's
+                                              ReLU penalty pushes off)
+            ``mode="magnitude"``: |a_ij| ≤ τ (TEAL's rule; with τ = 0 only exact zeros)
+    block   rows per block; per block R the union of active units J_R = {j : ∃ i ∈ R, a_ij ≠ 0}
+    y_R     = a[R, J_R] · W2ᵀ[J_R] + b2 — one dense matmul on an index_select of W2ᵀ's rows
+
+With a ReLU FFN and τ = 0 the result equals the dense FFN (zeros contribute nothing; only the
+summation order differs). With GELU, dropping the units with z ≤ 0 changes the output by
+Σ_j GELU(z_j)·W2[:, j] over those units (|GELU(z)| ≤ 0.17 for z ≤ 0): an approximation whose
+accuracy effect must be measured (``experiments/attention_sweeps.py`` does).
+
+Why per block and not per token: a CPU matmul on a handful of rows is far from peak speed, and
+the index_select of W2ᵀ's rows is paid once per block. The price is the union: a unit is
+skipped only if every row of the block leaves it off, so the skipped share (the *block
+sparsity*) is at most the per-token sparsity and equals it only when the same units are off in
+every token. ``max_active`` is the break-even: a block whose active share exceeds it runs the
+dense matmul (copying W2ᵀ's rows would cost more than the skipped work saves);
+``python -m attnprune.sparse_ffn`` measures the curve behind the default.
+
+What actually runs is counted: ``measure.count_flops`` sees the smaller ``addmm`` of each
+block, so counted FLOPs fall with the block sparsity (index_select is memory traffic, 0
+FLOPs). The first projection still runs densely: skipping it needs a predictor of the active
+units (Deja Vu, TEAL), not built here.
+
+Written by hand: torch has no CPU kernel for activation-sparse (row-gathered) matmuls
+(``torch.sparse`` formats pay a conversion per call and are slower than dense at these
+densities on CPU).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["MODES", "SparseFFNOutput", "apply", "block_sparse_linear", "remove", "sparsify",
+           "stats", "reset_stats"]
+
+MODES = ("relu", "magnitude")
+# FFN first layer (cost.py's hook point) → the second projection beside it, per family
+SECOND = {"intermediate.dense": "output.dense", "ffn.lin1": "ffn.lin2", "mlp.c_fc": "mlp.c_proj",
+          "mlp.fc1": "mlp.fc2", "mlp.up_proj": "mlp.down_proj"}
+GATED = ("mlp.up_proj",)  # the second projection's input is act(gate)·up: its sign is no ReLU's
+# Break-even active share for MiniLM shapes (d = 384, d_ff = 1536, block 64, 1 thread):
+# ``python -m attnprune.sparse_ffn`` measured time ratio ≈ 1 at ≈ 0.85 active (see README).
+DEFAULT_MAX_ACTIVE = 0.85
+DEFAULT_BLOCK = 64
+
+
+def sparsify(a: Tensor, threshold: float, mode: str) -> Tensor:
+    """``a`` with the entries that count as zero set to exactly 0 (the reference semantics of
+    :func:`block_sparse_linear`)."""
+    if mode == "relu":
+        return torch.threshold(a, threshold, 0.0)  # a if a > τ else 0, one fused kernel
+    if threshold == 0:
+        return a  # |a| ≤ 0 only for exact zeros: nothing to change
+    return a.masked_fill(a.abs() <= threshold, 0.0)
+
+
+def active_units(a: Tensor, block: int, threshold: float, mode: str) -> Tensor:
+    """(⌈N / block⌉, d_ff) boolean: unit j is active in block r iff some row of r has a value
+    that does not count as zero — one reduction over the rows of every block (its max, or its
+    largest magnitude), not a boolean pass over every entry."""
+    n, d_ff = a.shape
+    full = n // block
+    parts = [a[: full * block].view(full, block, d_ff)] if full else []
+    if n > full * block:
+        parts.append(a[full * block:][None])
+    tops = []
+    for p in parts:
+        if mode == "relu":
+            tops.append(p.amax(1))
+        else:
+            lo, hi = torch.aminmax(p, dim=1)  # one pass; |a| would copy the whole matrix
+            tops.append(torch.maximum(hi, -lo))
+    return torch.cat(tops) > threshold
+
+
+@torch.no_grad()  # an inference kernel: addmm(out=...) has no autograd
+def block_sparse_linear(a: Tensor, weight_t: Tensor, bias: Tensor | None, block: int,
+                        threshold: float = 0.0, mode: str = "magnitude",
+                        max_active: float = 1.0, count_zeros: bool = False
+                        ) -> tuple[Tensor, int, int]:
+    """y = sparsify(a) · weight_t + bias, skipping per block of ``block`` rows the units that
+    count as zero in every row of the block.
+
+    ``a``: (N, d_ff) activations; ``weight_t``: (d_ff, d) contiguous (W2ᵀ). Returns (y (N, d),
+    (row, unit) pairs multiplied, pairs that count as zero — or -1 unless ``count_zeros``: the
+    count is a pass of its own). A block whose active share is above ``max_active`` runs one
+    dense matmul. The threshold is applied per block, to the selected columns only."""
+    n, d_ff = a.shape
+    out = a.new_empty(n, weight_t.shape[1])
+    act = active_units(a, block, threshold, mode)  # (n_blocks, d_ff)
+    counts = act.sum(1).tolist()  # one sync for all blocks
+    cols = act.nonzero()[:, 1].split(counts)  # one nonzero call, split per block
+    used, zeros = 0, 0 if count_zeros else -1
+    for r, (idx, k) in enumerate(zip(cols, counts)):
+        blk = a[r * block:(r + 1) * block]  # (b, d_ff)
+        dst = out[r * block:(r + 1) * block]  # a contiguous view: addmm writes in place
+        if k > max_active * d_ff:
+            blk_a, w, k = sparsify(blk, threshold, mode), weight_t, d_ff
+        else:  # the copy of W2ᵀ's k rows is the price of the skip: k·d per block
+            blk_a, w = blk.index_select(1, idx), weight_t.index_select(0, idx)
+            if mode == "relu":
+                torch.threshold_(blk_a, threshold, 0.0)  # in place: blk_a is our own copy
+            elif threshold > 0:
+                blk_a.masked_fill_(blk_a.abs() <= threshold, 0.0)
+        if count_zeros:
+            zeros += blk.numel() - int(torch.count_nonzero(blk_a))
+        if bias is None:
+            torch.mm(blk_a, w, out=dst)
+        else:
+            torch.addmm(bias, blk_a, w, out=dst)
+        used += k * blk.shape[0]
+    return out, used, zeros
+
+
+class SparseFFNOutput(nn.Module):
+    """The FFN's second projection run by :func:`block_sparse_linear` (wraps the original
+    ``nn.Linear``, or transformers' ``Conv1D``, which :func:`remove` puts back).
+
+    Counters ``units_used`` / ``units_total`` (multiplied vs dense (row, unit) pairs since the
+    last :func:`reset_stats`) are updated by every forward, ``units_zero`` (pairs that count
+    as zero) only with ``count_zeros`` (a pass of its own: leave it off when timing); all are
+    read by :func:`stats`. ``block`` ≥ N makes the whole batch one block."""
+
+    def __init__(self, linear: nn.Module, threshold: float = 0.0, mode: str = "relu",
+                 block: int = DEFAULT_BLOCK, max_active: float = DEFAULT_MAX_ACTIVE,
+                 count_zeros: bool = False) -> None:
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
+        if not (threshold >= 0 and threshold < float("inf")):
+            raise ValueError(f"threshold: must be a finite number >= 0, got {threshold!r}")
+        if int(block) != block or block < 1:
+            raise ValueError(f"block: must be an integer >= 1, got {block!r}")
+        if not 0.0 <= max_active <= 1.0:
+            raise ValueError(f"max_active: must be in [0, 1], got {max_active!r}")
+        self.linear = linear
+        self.threshold, self.mode = float(threshold), mode
+        self.block, self.max_active = int(block), float(max_active)
+        self.count_zeros = bool(count_zeros)
+        self._wt: Tensor | None = None
+        self._wt_key: tuple | None = None
+        self.units_used = self.units_total = self.units_zero = 0
+
+    def weight_t(self) -> Tensor:
+        """W2ᵀ as a contiguous (d_ff, d) tensor; recomputed when the weight changes (an
+        in-place update bumps its version), so fine-tuning after :func:`apply` stays correct."""
+        w = self.linear.weight
+        if isinstance(self.linear, nn.Linear):
+            key = (w.data_ptr(), w._version, w.dtype, w.device)
+            if self._wt is None or key != self._wt_key:
+                self._wt, self._wt_key = w.detach().t().contiguous(), key
+            return self._wt
+        return w.detach()  # Conv1D stores (d_in, d_out) = W2ᵀ already
+
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:
+            return self.linear(x)  # training: the dense path (the skip is an inference kernel)
+        shape = x.shape
+        a = x.reshape(-1, shape[-1])
+        y, used, zeros = block_sparse_linear(a, self.weight_t(), self.linear.bias, self.block,
+                                             self.threshold, self.mode, self.max_active,
+                                             count_zeros=self.count_zeros)
+        self.units_used += used
+        self.units_total += a.numel()
+        self.units_zero += max(zeros, 0)
+        return y.reshape(*shape[:-1], y.shape[-1])
+
+
+def _pairs(model: nn.Module) -> list[tuple[nn.Module, str, str]]:
+    """(parent module, attribute, first-layer suffix) of every FFN second projection."""
+    names = dict(model.named_modules())
+    found = []
+    for name in names:
+        for first, second in SECOND.items():
+            if name.endswith(first) and (name == first or name.endswith("." + first)):
+                prefix = name[: len(name) - len(first)]
+                target = prefix + second
+                if target in names:
+                    parent_name, _, attr = target.rpartition(".")
+                    found.append((names[parent_name] if parent_name else model, attr, first))
+    return found
+
+
+def apply(model: nn.Module, threshold: float = 0.0, mode: str = "relu",
+          block: int = DEFAULT_BLOCK, max_active: float = DEFAULT_MAX_ACTIVE,
+          count_zeros: bool = False) -> nn.Module:
+    """Run every FFN second projection of ``model`` sparsely (inference; the model is changed
+    in place and returned). A second call replaces the settings. Works beside ``attnprune.patch``
+    (which hooks the first layer). Raises ValueError when no FFN is found, and for
+    ``mode="relu"`` on gated FFNs (the projection's input there is act(gate)·up, whose sign is
+    not the activation's)."""
+    remove(model)
+    pairs = _pairs(model)
+    if not pairs:
+        raise ValueError("model: no FFN found (known first layers: "
+                         f"{', '.join(SECOND)})")
+    if mode == "relu" and any(first in GATED for _, _, first in pairs):
+        raise ValueError("mode: 'relu' needs a plain FFN; use 'magnitude' for gated FFNs")
+    for parent, attr, _ in pairs:
+        setattr(parent, attr, SparseFFNOutput(getattr(parent, attr), threshold, mode, block,
+                                              max_active, count_zeros))
+    return model
+
+
+def _wrappers(model: nn.Module) -> list[SparseFFNOutput]:
+    return [m for m in model.modules() if isinstance(m, SparseFFNOutput)]
+
+
+def remove(model: nn.Module) -> nn.Module:
+    """Put the original second projections back (a no-op on a model without them)."""
+    for parent in list(model.modules()):
+        for attr, child in list(parent.named_children()):
+            if isinstance(child, SparseFFNOutput):
+                setattr(parent, attr, child.linear)
+    return model
+
+
+def reset_stats(model: nn.Module) -> None:
+    """Zero the counters of every sparse FFN of ``model``."""
+    for m in _wrappers(model):
+        m.units_used = m.units_total = m.units_zero = 0
+
+
+def stats(model: nn.Module) -> dict:
+    """Since the last reset: ``block_sparsity`` (share of the second projection's multiply-adds
+    skipped) and, when applied with ``count_zeros``, ``token_sparsity`` (share of (token, unit)
+    activations that count as zero, padding rows included; else None), per layer and overall."""
+    ws = _wrappers(model)
+    tot = [max(m.units_total, 1) for m in ws]
+    tok = [m.units_zero / t for m, t in zip(ws, tot)]
+    blk = [1 - m.units_used / t for m, t in zip(ws, tot)]
+    total = max(sum(m.units_total for m in ws), 1)
+    counted = bool(ws) and all(m.count_zeros for m in ws)
+    return {"token_sparsity": sum(m.units_zero for m in ws) / total if counted else None,
+            "block_sparsity": 1 - sum(m.units_used for m in ws) / total,
+            "token_sparsity_by_layer": tok if counted else None,
+            "block_sparsity_by_layer": blk}
+
+
+# ---------------------------------------------------------------------------- benchmark
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Break-even benchmark of the sparse second projection (``--key value`` options)."""
+
+    d_model: int = 384  # MiniLM-L6
+    d_ff: int = 1536
+    rows: int = 2048  # B·T = 32 · 64, the tweets batches
+    blocks: tuple[int, ...] = (64, 256, 2048)
+    sparsities: tuple[float, ...] = (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+    patterns: tuple[str, ...] = ("units", "tokens")
+    repeats: int = 15
+    threads: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "d_ff", "rows", "repeats", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not self.blocks or min(self.blocks) < 1:
+            raise ValueError(f"blocks: give integers >= 1, got {self.blocks}")
+        for v in self.sparsities:
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"sparsities: every value must be in [0, 1], got {v}")
+        for p in self.patterns:
+            if p not in PATTERNS:
+                raise ValueError(f"patterns: each one of {PATTERNS}, got {p!r}")
+
+
+PATTERNS = ("units", "tokens")
+
+
+def synthetic_activation(rows: int, d_ff: int, sparsity: float, pattern: str,
+                         generator: torch.Generator) -> Tensor:
+    """(rows, d_ff) GELU-like activations: the share ``sparsity`` in (−0.17, 0] (GELU of a
+    z ≤ 0, which ``mode="relu"`` drops), the rest in (0.1, 1.1).
+
+    ``units``: the same units are off in every row (dead neurons: block sparsity = token
+    sparsity); ``tokens``: every entry independently (a block of b rows keeps a unit with
+    probability 1 − s^b: the worst case for blocks)."""
+    a = torch.rand(rows, d_ff, generator=generator) + 0.1
+    if pattern == "units":
+        off = torch.zeros(rows, d_ff, dtype=torch.bool)
+        off[:, torch.randperm(d_ff, generator=generator)[: round(sparsity * d_ff)]] = True
+    elif pattern == "tokens":
+        off = torch.rand(rows, d_ff, generator=generator) < sparsity
+    else:
+        raise ValueError(f"patterns: each one of {PATTERNS}, got {pattern!r}")
+    return torch.where(off, -0.17 * torch.rand(rows, d_ff, generator=generator), a)
+
+
+def bench(cfg: BenchConfig) -> list[dict]:
+    """Per (pattern, sparsity, block): time ratio (sparse / dense second projection, medians of
+    interleaved repeats) and counted FLOPs ratio, with ``max_active = 1`` so that the sparse
+    path runs at every sparsity (the curve that picks the break-even ``max_active``). The
+    dense reference is the stock ``nn.Linear`` on the same activations (GELU's small negative
+    values included: that is what the dense model computes)."""
+    from .measure import count_flops, time_interleaved
+
+    torch.set_num_threads(cfg.threads)
+    g = torch.Generator().manual_seed(cfg.seed)
+    lin = nn.Linear(cfg.d_ff, cfg.d_model)
+    rows = []
+    with torch.no_grad():
+        for pattern in cfg.patterns:
+            for s in cfg.sparsities:
+                a = synthetic_activation(cfg.rows, cfg.d_ff, s, pattern, g)
+                dense_flops = count_flops(lin, a)
+                wraps = {b: SparseFFNOutput(lin, 0.0, "relu", b, 1.0) for b in cfg.blocks}
+                # max_active = 0: every block takes the dense path — the price of looking
+                falls = {b: SparseFFNOutput(lin, 0.0, "relu", b, 0.0) for b in cfg.blocks}
+                fns = {"dense": lambda: lin(a)}
+                fns.update({f"block{b}": (lambda w=w: w(a)) for b, w in wraps.items()})
+                fns.update({f"fallback{b}": (lambda w=w: w(a)) for b, w in falls.items()})
+                t = time_interleaved(fns, repeats=cfg.repeats, warmup=2)
+                for b, w in wraps.items():
+                    w.units_used = w.units_total = 0
+                    fl = count_flops(w, a)
+                    rows.append({"pattern": pattern, "block": b, "sparsity": s,
+                                 "block_sparsity": 1 - w.units_used / w.units_total,
+                                 "flops_ratio": fl / dense_flops,
+                                 "time_ratio": t[f"block{b}"].median_s / t["dense"].median_s,
+                                 "fallback_ratio": (t[f"fallback{b}"].median_s
+                                                    / t["dense"].median_s),
+                                 "dense_ms": t["dense"].median_s * 1e3})
+    return rows
+
+
+def format_bench(rows: list[dict], cfg: BenchConfig) -> str:
+    """Markdown table of :func:`bench` rows."""
+    lines = [f"second FFN projection, N = {cfg.rows} rows, d_ff = {cfg.d_ff} → d = {cfg.d_model}, "
+             f"{cfg.threads} thread(s), {cfg.repeats} interleaved repeats (medians)", "",
+             "time ratio: sparse path on every block; dense-path ratio: every block forced "
+             "dense (max_active = 0), the overhead of looking", "",
+             "| pattern | block | token sparsity | block sparsity | FLOPs ratio | time ratio | "
+             "dense-path ratio | dense ms |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['pattern']} | {r['block']} | {r['sparsity']:.2f} | "
+                     f"{r['block_sparsity']:.3f} | {r['flops_ratio']:.3f} | "
+                     f"{r['time_ratio']:.3f} | {r['fallback_ratio']:.3f} | "
+                     f"{r['dense_ms']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    """``python -m attnprune.sparse_ffn [--key value ...]``: print the break-even curve."""
+    from .config import parse_command_line
+
+    cl = parse_command_line(argv, BenchConfig, default_out="-")
+    print(format_bench(bench(cl.config), cl.config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
