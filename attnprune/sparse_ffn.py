@@ -1,40 +1,45 @@
-"""Sparse FFN execution: FFN units whose activation is zero skip the second projection.
+"""Sparse FFN execution: FFN units that are off in a whole block of tokens skip the second
+projection.
 
 The cost incentive (``methods/cost.py``, ``compute_cost_incentive_ocr_zh.txt`` eq. 2) pushes
 FFN pre-activations z = W1x + b1 below 0. A dense kernel still multiplies the zeros, so the
-FLOPs do not fall (issue 13). Here the second projection y = W2 a + b2 is run on the active
+FLOPs do not fall (issue 13). Here the second projection y = W2 a + b2 runs on the active
 units only, per block of token rows:
 
-    a       the FFN activation, one row per token: (N, d_ff), N = B·T
-    τ       ``threshold``; unit j of row i counts as zero when
-            ``mode="relu"``:      a_ij ≤ τ   (with τ = 0 and a GELU FFN: exactly z_ij ≤ 0,
-                                              since GELU(z) ≤ 0 ⟺ z ≤ 0 — the units eq. 2's
-                                              ReLU penalty pushes off)
-            ``mode="magnitude"``: |a_ij| ≤ τ (TEAL's rule; with τ = 0 only exact zeros)
-    block   rows per block; per block R the union of active units J_R = {j : ∃ i ∈ R, a_ij ≠ 0}
+    a       the FFN activation, one row per token: (N, d_ff), N = B·T (padding rows included)
+    τ       ``threshold``; entry a_ij counts as zero when
+            ``mode="relu"``:      a_ij ≤ τ   (τ = 0 and a GELU FFN: exactly z_ij ≤ 0, since
+                                              GELU(z) ≤ 0 ⟺ z ≤ 0 — the units eq. 2's ReLU
+                                              penalty pushes off)
+            ``mode="magnitude"``: |a_ij| ≤ τ (TEAL's rule; τ = 0: only exact zeros)
+    block   rows per block R; J_R = units with an entry that does not count as zero in some
+            row of R
     y_R     = a[R, J_R] · W2ᵀ[J_R] + b2 — one dense matmul on an index_select of W2ᵀ's rows
 
-With a ReLU FFN and τ = 0 the result equals the dense FFN (zeros contribute nothing; only the
-summation order differs). With GELU, dropping the units with z ≤ 0 changes the output by
-Σ_j GELU(z_j)·W2[:, j] over those units (|GELU(z)| ≤ 0.17 for z ≤ 0): an approximation whose
-accuracy effect must be measured (``experiments/attention_sweeps.py`` does).
+Units in J_R keep their exact values, so the only change to the dense FFN is the skipped
+units: none with a ReLU FFN and τ = 0 (the result equals dense; only the summation order
+differs); with GELU, Σ_j GELU(z_j)·W2[:, j] over units whose z ≤ 0 in every row of the block
+(|GELU(z)| ≤ 0.17 there), whose accuracy effect is measured (``experiments/attention_sweeps.py``).
 
-Why per block and not per token: a CPU matmul on a handful of rows is far from peak speed, and
-the index_select of W2ᵀ's rows is paid once per block. The price is the union: a unit is
-skipped only if every row of the block leaves it off, so the skipped share (the *block
-sparsity*) is at most the per-token sparsity and equals it only when the same units are off in
-every token. ``max_active`` is the break-even: a block whose active share exceeds it runs the
-dense matmul (copying W2ᵀ's rows would cost more than the skipped work saves);
-``python -m attnprune.sparse_ffn`` measures the curve behind the default.
+Why per block and not per token: the price of a skip is the copy of W2ᵀ's k active rows (k·d
+floats) per block, which a block of b rows amortises over b·k·d multiply-adds; per token the
+copy costs as much as the product. The price of a block is the union: a unit is skipped only
+if every row of the block leaves it off, so the skipped share (*block sparsity*) equals the
+per-token sparsity only when the same units are off in every token (dead units), and falls
+towards 0 when tokens switch units off independently (measured: ``python -m attnprune.sparse_ffn``,
+patterns ``units`` and ``tokens``). ``max_active`` is the break-even: a block whose active share
+is above it runs dense (copying W2ᵀ's rows would cost more than the skipped work saves).
+
+Per-token sparsity on CPU without a fused kernel was measured too and does not pay at MiniLM
+shapes (N = 2048, d_ff = 1536 → d = 384, 1 thread, 13 % active): the product itself as an
+``embedding_bag`` with per-sample weights (a sparse × dense kernel) took 0.66× the dense matmul,
+but extracting the active indices and values (mask, nonzero, masked_select) took 1.5× it, and
+``Tensor.to_sparse_csr`` alone 1.3×; ``torch.sparse.addmm`` with the conversion 1.9×.
 
 What actually runs is counted: ``measure.count_flops`` sees the smaller ``addmm`` of each
 block, so counted FLOPs fall with the block sparsity (index_select is memory traffic, 0
 FLOPs). The first projection still runs densely: skipping it needs a predictor of the active
 units (Deja Vu, TEAL), not built here.
-
-Written by hand: torch has no CPU kernel for activation-sparse (row-gathered) matmuls
-(``torch.sparse`` formats pay a conversion per call and are slower than dense at these
-densities on CPU).
 """
 
 from __future__ import annotations
@@ -45,8 +50,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-__all__ = ["MODES", "SparseFFNOutput", "apply", "block_sparse_linear", "remove", "sparsify",
-           "stats", "reset_stats"]
+__all__ = ["MODES", "SparseFFNOutput", "apply", "block_sparse_linear", "remove",
+           "stats", "reset_stats", "block_reference"]
 
 MODES = ("relu", "magnitude")
 # FFN first layer (cost.py's hook point) → the second projection beside it, per family
@@ -57,16 +62,6 @@ GATED = ("mlp.up_proj",)  # the second projection's input is act(gate)·up: its 
 # ``python -m attnprune.sparse_ffn`` measured time ratio ≈ 1 at ≈ 0.85 active (see README).
 DEFAULT_MAX_ACTIVE = 0.85
 DEFAULT_BLOCK = 64
-
-
-def sparsify(a: Tensor, threshold: float, mode: str) -> Tensor:
-    """``a`` with the entries that count as zero set to exactly 0 (the reference semantics of
-    :func:`block_sparse_linear`)."""
-    if mode == "relu":
-        return torch.threshold(a, threshold, 0.0)  # a if a > τ else 0, one fused kernel
-    if threshold == 0:
-        return a  # |a| ≤ 0 only for exact zeros: nothing to change
-    return a.masked_fill(a.abs() <= threshold, 0.0)
 
 
 def active_units(a: Tensor, block: int, threshold: float, mode: str) -> Tensor:
@@ -88,37 +83,51 @@ def active_units(a: Tensor, block: int, threshold: float, mode: str) -> Tensor:
     return torch.cat(tops) > threshold
 
 
+def zero_count(a: Tensor, threshold: float, mode: str) -> int:
+    """Number of entries of ``a`` that count as zero."""
+    off = a <= threshold if mode == "relu" else a.abs() <= threshold
+    return int(torch.count_nonzero(off))
+
+
+def block_reference(a: Tensor, block: int, threshold: float, mode: str) -> Tensor:
+    """``a`` with, per block of rows, the units that count as zero in every row of the block set
+    to 0 — what :func:`block_sparse_linear` multiplies (a readable reference for tests)."""
+    act = active_units(a, block, threshold, mode)  # (n_blocks, d_ff)
+    keep = act.repeat_interleave(block, dim=0)[: a.shape[0]]
+    return a * keep
+
+
 @torch.no_grad()  # an inference kernel: addmm(out=...) has no autograd
 def block_sparse_linear(a: Tensor, weight_t: Tensor, bias: Tensor | None, block: int,
                         threshold: float = 0.0, mode: str = "magnitude",
                         max_active: float = 1.0, count_zeros: bool = False
                         ) -> tuple[Tensor, int, int]:
-    """y = sparsify(a) · weight_t + bias, skipping per block of ``block`` rows the units that
-    count as zero in every row of the block.
+    """y = a · weight_t + bias, skipping per block of ``block`` rows the units that count as
+    zero in every row of the block (:func:`block_reference` is the product computed).
 
     ``a``: (N, d_ff) activations; ``weight_t``: (d_ff, d) contiguous (W2ᵀ). Returns (y (N, d),
-    (row, unit) pairs multiplied, pairs that count as zero — or -1 unless ``count_zeros``: the
-    count is a pass of its own). A block whose active share is above ``max_active`` runs one
-    dense matmul. The threshold is applied per block, to the selected columns only."""
+    (row, unit) pairs multiplied, entries of ``a`` that count as zero — or -1 unless
+    ``count_zeros``: the count is a pass of its own). Units that are computed keep their exact
+    values (a GELU's small negatives included): the only change to the dense product is the
+    skipped units. A block whose active share is above ``max_active`` runs dense; when every
+    block does, one matmul over all rows."""
     n, d_ff = a.shape
-    out = a.new_empty(n, weight_t.shape[1])
     act = active_units(a, block, threshold, mode)  # (n_blocks, d_ff)
     counts = act.sum(1).tolist()  # one sync for all blocks
+    zeros = zero_count(a, threshold, mode) if count_zeros else -1
+    if all(k > max_active * d_ff for k in counts):
+        y = torch.mm(a, weight_t) if bias is None else torch.addmm(bias, a, weight_t)
+        return y, n * d_ff, zeros
+    out = a.new_empty(n, weight_t.shape[1])
     cols = act.nonzero()[:, 1].split(counts)  # one nonzero call, split per block
-    used, zeros = 0, 0 if count_zeros else -1
+    used = 0
     for r, (idx, k) in enumerate(zip(cols, counts)):
         blk = a[r * block:(r + 1) * block]  # (b, d_ff)
         dst = out[r * block:(r + 1) * block]  # a contiguous view: addmm writes in place
         if k > max_active * d_ff:
-            blk_a, w, k = sparsify(blk, threshold, mode), weight_t, d_ff
+            blk_a, w, k = blk, weight_t, d_ff
         else:  # the copy of W2ᵀ's k rows is the price of the skip: k·d per block
             blk_a, w = blk.index_select(1, idx), weight_t.index_select(0, idx)
-            if mode == "relu":
-                torch.threshold_(blk_a, threshold, 0.0)  # in place: blk_a is our own copy
-            elif threshold > 0:
-                blk_a.masked_fill_(blk_a.abs() <= threshold, 0.0)
-        if count_zeros:
-            zeros += blk.numel() - int(torch.count_nonzero(blk_a))
         if bias is None:
             torch.mm(blk_a, w, out=dst)
         else:

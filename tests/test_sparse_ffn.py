@@ -17,7 +17,7 @@ from transformers import (
 import attnprune
 from attnprune import sparse_ffn
 from attnprune.measure import count_flops
-from attnprune.sparse_ffn import SparseFFNOutput, block_sparse_linear, sparsify
+from attnprune.sparse_ffn import SparseFFNOutput, block_reference, block_sparse_linear
 
 V = 100
 
@@ -102,20 +102,24 @@ def test_unit_alive_in_one_row_of_a_block_is_computed():
 
 @pytest.mark.parametrize("mode,threshold", [("relu", 0.0), ("relu", 0.3), ("magnitude", 0.3)])
 @pytest.mark.parametrize("block", [1, 3, 64])
-def test_matches_the_thresholded_dense_product(mode, threshold, block):
+def test_matches_the_block_reference(mode, threshold, block):
     a = torch.randn(7, 20)  # 7 rows: a ragged last block for block 3
+    a[:, :6] = -0.01  # six units off everywhere (both modes at τ = 0.3; relu at τ = 0)
     lin = nn.Linear(20, 5)
-    ref = lin(sparsify(a, threshold, mode))
-    y, _, _ = block_sparse_linear(a, lin.weight.t().contiguous(), lin.bias, block, threshold,
-                                  mode)
-    torch.testing.assert_close(y, ref.detach(), atol=1e-6, rtol=0)
+    ref = lin(block_reference(a, block, threshold, mode)).detach()
+    y, used, _ = block_sparse_linear(a, lin.weight.t().contiguous(), lin.bias, block, threshold,
+                                     mode)
+    torch.testing.assert_close(y, ref, atol=1e-6, rtol=0)
+    assert used <= 7 * 14  # the six dead units were skipped in every block
 
 
-def test_sparsify_rules():
-    a = torch.tensor([-0.5, -0.0625, 0.0, 0.0625, 0.5])  # exact in binary
-    assert sparsify(a, 0.0, "relu").tolist() == [0.0, 0.0, 0.0, 0.0625, 0.5]
-    assert sparsify(a, 0.125, "magnitude").tolist() == [-0.5, 0.0, 0.0, 0.0, 0.5]
-    assert sparsify(a, 0.0, "magnitude").tolist() == a.tolist()
+def test_block_reference_keeps_values_of_active_units():
+    a = torch.tensor([[-0.25, 0.5, -0.5], [-0.125, -0.25, -0.5]])
+    # unit 0 off everywhere, unit 1 on in row 0 (its −0.25 in row 1 is kept), unit 2 off
+    assert block_reference(a, 2, 0.0, "relu").tolist() == [[0.0, 0.5, 0.0], [0.0, -0.25, 0.0]]
+    assert block_reference(a, 1, 0.0, "relu").tolist() == [[0.0, 0.5, 0.0], [0.0, 0.0, 0.0]]
+    assert block_reference(a, 2, 0.375, "magnitude").tolist() == [[0.0, 0.5, -0.5],
+                                                                  [0.0, -0.25, -0.5]]
 
 
 def test_counted_flops_fall_with_sparsity():
