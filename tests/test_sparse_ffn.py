@@ -211,3 +211,18 @@ def test_bench_runs_and_reports_the_skip():
     assert units[(8, 0.5)]["flops_ratio"] == pytest.approx(0.5)
     assert units[(8, 0.5)]["block_sparsity"] == pytest.approx(0.5)
     assert "| units | 8 |" in sparse_ffn.format_bench(rows, cfg)
+
+
+def test_bench_command_writes_results(tmp_path, capsys):
+    from attnprune.cli import main
+
+    rc = main(["bench", "sparse-ffn", "--d_model", "16", "--d_ff", "32", "--rows", "16",
+               "--blocks", "[8]", "--sparsities", "[0.5]", "--patterns", "[units]",
+               "--repeats", "1", "--out", str(tmp_path), "--exact-out"])
+    assert rc == 0
+    assert "| units | 8 | 0.50 | 0.500 | 0.500 |" in capsys.readouterr().out
+    assert (tmp_path / "summary.json").is_file() and (tmp_path / "table.md").is_file()
+
+
+def test_package_exposes_sparse_ffn():
+    assert attnprune.sparse_ffn.apply is sparse_ffn.apply
