@@ -44,7 +44,9 @@ units (Deja Vu, TEAL), not built here.
 
 from __future__ import annotations
 
+import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -65,23 +67,32 @@ DEFAULT_MAX_ACTIVE = 0.5
 DEFAULT_BLOCK = 256
 
 
+def _row_max(x: Tensor, mode: str) -> Tensor:
+    """(m, g, d) → (m, d): the largest value (``relu``) or magnitude of every g rows."""
+    hi = x.amax(1)
+    return hi if mode == "relu" else torch.maximum(hi, -x.amin(1))  # aminmax: 30× slower here
+
+
 def active_units(a: Tensor, block: int, threshold: float, mode: str) -> Tensor:
     """(⌈N / block⌉, d_ff) boolean: unit j is active in block r iff some row of r has a value
-    that does not count as zero — one reduction over the rows of every block (its max, or its
-    largest magnitude), not a boolean pass over every entry."""
+    that does not count as zero — a max over rows, not a boolean pass over every entry.
+
+    Two levels: maxima over g = gcd(block, 64) rows, then over the block's N/g partials. Torch's
+    reduction over the middle axis of (m, g, d) has cliffs: for N = 2048, d = 1536 on this CPU
+    g = 64 took 0.9 ms, g = 256 … 1024 21–27 ms and one (1, 2048, d) block 24 ms."""
     n, d_ff = a.shape
-    full = n // block
-    parts = [a[: full * block].view(full, block, d_ff)] if full else []
-    if n > full * block:
-        parts.append(a[full * block:][None])
-    tops = []
-    for p in parts:
-        if mode == "relu":
-            tops.append(p.amax(1))
-        else:
-            lo, hi = torch.aminmax(p, dim=1)  # one pass; |a| would copy the whole matrix
-            tops.append(torch.maximum(hi, -lo))
-    return torch.cat(tops) > threshold
+    g = math.gcd(block, 64)
+    full = n // g
+    parts = [_row_max(a[: full * g].view(full, g, d_ff), mode)] if full else []
+    if n > full * g:
+        parts.append(_row_max(a[full * g:][None], mode))
+    part = torch.cat(parts) if len(parts) > 1 else parts[0]  # (⌈N / g⌉, d_ff)
+    per, m = block // g, part.shape[0]
+    fullb = m // per
+    tops = [part[: fullb * per].view(fullb, per, d_ff).amax(1)] if fullb else []
+    if m > fullb * per:
+        tops.append(part[fullb * per:].amax(0, keepdim=True))
+    return (torch.cat(tops) if len(tops) > 1 else tops[0]) > threshold
 
 
 def zero_count(a: Tensor, threshold: float, mode: str) -> int:
@@ -101,7 +112,8 @@ def block_reference(a: Tensor, block: int, threshold: float, mode: str) -> Tenso
 @torch.no_grad()  # an inference kernel: addmm(out=...) has no autograd
 def block_sparse_linear(a: Tensor, weight_t: Tensor, bias: Tensor | None, block: int,
                         threshold: float = 0.0, mode: str = "magnitude",
-                        max_active: float = 1.0, count_zeros: bool = False
+                        max_active: float = 1.0, count_zeros: bool = False,
+                        dense: Callable[[Tensor], Tensor] | None = None
                         ) -> tuple[Tensor, int, int]:
     """y = a · weight_t + bias, skipping per block of ``block`` rows the units that count as
     zero in every row of the block (:func:`block_reference` is the product computed).
@@ -111,12 +123,15 @@ def block_sparse_linear(a: Tensor, weight_t: Tensor, bias: Tensor | None, block:
     ``count_zeros``: the count is a pass of its own). Units that are computed keep their exact
     values (a GELU's small negatives included): the only change to the dense product is the
     skipped units. A block whose active share is above ``max_active`` runs dense; when every
-    block does, one matmul over all rows."""
+    block does, one matmul over all rows: ``dense(a)`` when given (the layer itself: its own
+    kernel and weight layout, measured 10–25 % faster than ``a · weight_t`` here), else addmm."""
     n, d_ff = a.shape
     act = active_units(a, block, threshold, mode)  # (n_blocks, d_ff)
     counts = act.sum(1).tolist()  # one sync for all blocks
     zeros = zero_count(a, threshold, mode) if count_zeros else -1
     if all(k > max_active * d_ff for k in counts):
+        if dense is not None:
+            return dense(a), n * d_ff, zeros
         y = torch.mm(a, weight_t) if bias is None else torch.addmm(bias, a, weight_t)
         return y, n * d_ff, zeros
     out = a.new_empty(n, weight_t.shape[1])
@@ -184,7 +199,7 @@ class SparseFFNOutput(nn.Module):
         a = x.reshape(-1, shape[-1])
         y, used, zeros = block_sparse_linear(a, self.weight_t(), self.linear.bias, self.block,
                                              self.threshold, self.mode, self.max_active,
-                                             count_zeros=self.count_zeros)
+                                             count_zeros=self.count_zeros, dense=self.linear)
         self.units_used += used
         self.units_total += a.numel()
         self.units_zero += max(zeros, 0)

@@ -226,3 +226,15 @@ def test_bench_command_writes_results(tmp_path, capsys):
 
 def test_package_exposes_sparse_ffn():
     assert attnprune.sparse_ffn.apply is sparse_ffn.apply
+
+
+@pytest.mark.parametrize("n,block", [(1, 4), (5, 4), (64, 64), (130, 64), (200, 4096), (70, 48),
+                                     (129, 128)])
+@pytest.mark.parametrize("mode", ["relu", "magnitude"])
+def test_active_units_is_any_over_the_block(n, block, mode):
+    from attnprune.sparse_ffn import active_units
+
+    a = torch.randn(n, 9)
+    on = (a > 0.5) if mode == "relu" else (a.abs() > 0.5)
+    want = torch.stack([on[r:r + block].any(0) for r in range(0, n, block)])
+    assert torch.equal(active_units(a, block, 0.5, mode), want)
