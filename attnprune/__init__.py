@@ -8,14 +8,16 @@
     attnprune.unpatch(model)
     attnprune.list_methods()
     q = attnprune.quantize_int8(model)   # dynamic int8 of the Linear layers, patch kept
+    attnprune.sparse_ffn.apply(model)    # inference: FFN units off in a block of tokens skipped
 
 Importing the package has no side effects: no threads set, no files written, no network.
 """
 
+from . import sparse_ffn
 from .api import aux_loss, list_methods, patch, patch_state, unpatch
 from .deploy import quantize_int8
 from .hub import from_pretrained, save_pretrained
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "aux_loss", "from_pretrained", "list_methods", "patch", "patch_state",
-           "quantize_int8", "save_pretrained", "unpatch"]
+           "quantize_int8", "save_pretrained", "sparse_ffn", "unpatch"]

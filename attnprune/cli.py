@@ -29,6 +29,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "encoder"): ("attnprune.bench.encoder:main", "speed and FLOPs of token pruning on an encoder"),
     ("bench", "attention"): ("attnprune.bench.attention:main", "speed of attention-level methods"),
     ("bench", "lm"): ("attnprune.bench.lm:main", "speed and FLOPs of causal-LM token pruning"),
+    ("bench", "sparse-ffn"): ("attnprune.sparse_ffn:main",
+                              "break-even of the sparse FFN second projection (sparsity → time, FLOPs)"),
     ("report",): ("attnprune.report:main", "(re)build the HTML report of a results folder"),
     ("compare",): ("attnprune.compare:main", "paired comparison table from saved predictions"),
     ("methods",): ("attnprune.cli:methods_main", "list the registered methods"),

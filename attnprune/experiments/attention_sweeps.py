@@ -20,9 +20,15 @@ FLOPs note: crisp and cost run the dense kernels (masked entries are still compu
 counted FLOPs do not fall; ``flops.sparse_proxy_relative`` is the analytic FLOPs a kernel could
 reach by skipping masked attention pairs (QKᵀ and AV scale with 1 − attention sparsity) and
 zero FFN units (the FFN's second matmul scales with 1 − FFN sparsity) — a proxy, labelled so.
+Realised savings (the cost paper's Table 3): with ``sparse_ffn_thresholds`` set, every dense
+and cost model is evaluated again after training, unpatched (cost is a loss; inference runs the
+stock model) and with :mod:`attnprune.sparse_ffn` on its FFNs, for every threshold × block:
+counted FLOPs, wall time interleaved with the same weights on the dense FFN, token and block
+sparsity, and predictions (label ``<setting>-sffn<τ>-b<block>``) that join the paired tests
+against dense. ``table3.md`` puts them in the paper's layout.
 
-Writes ``config.yaml``, ``summary.json`` (``methods`` + ``comparisons``), ``metrics.csv``,
-``table.md`` (the papers' table layout with CIs and Holm-adjusted p), ``predictions/``,
+Writes ``config.yaml``, ``summary.json`` (``methods`` + ``comparisons`` + ``sparse_ffn``),
+``metrics.csv``, ``table.md``, ``table3.md`` (with the sparse FFN) (the papers' table layout with CIs and Holm-adjusted p), ``predictions/``,
 figures; a rerun with the same ``--out`` skips finished settings.
 """
 
@@ -67,6 +73,12 @@ class SweepConfig:
     timing_batches: int = 2
     timing_repeats: int = 5
     analysis_batches: int = 4
+    # realised savings (sparse_ffn.py): after training, every setting is also evaluated with
+    # its FFN second projections run sparsely at each threshold τ (empty: off)
+    sparse_ffn_thresholds: tuple[float, ...] = ()
+    sparse_ffn_mode: str = "relu"  # relu: a ≤ τ counts as zero (τ = 0: z ≤ 0); magnitude: |a| ≤ τ
+    sparse_ffn_blocks: tuple[int, ...] = (256,)  # token rows per block (union of active units)
+    sparse_ffn_max_active: float = 0.5  # blocks more active than this run dense (break-even)
     threads: int | None = None
     progress: bool = True
 
@@ -89,6 +101,17 @@ class SweepConfig:
                      "timing_repeats", "analysis_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for t in self.sparse_ffn_thresholds:
+            if not t >= 0:
+                raise ValueError(f"sparse_ffn_thresholds: every value must be >= 0, got {t}")
+        if self.sparse_ffn_mode not in ("relu", "magnitude"):
+            raise ValueError(f"sparse_ffn_mode: 'relu' or 'magnitude', got "
+                             f"{self.sparse_ffn_mode!r}")
+        if any(b < 1 for b in self.sparse_ffn_blocks) or not self.sparse_ffn_blocks:
+            raise ValueError(f"sparse_ffn_blocks: integers >= 1, got {self.sparse_ffn_blocks}")
+        if not 0.0 <= self.sparse_ffn_max_active <= 1.0:
+            raise ValueError(f"sparse_ffn_max_active: must be in [0, 1], got "
+                             f"{self.sparse_ffn_max_active}")
         for name in ("max_train", "max_eval", "threads"):
             v = getattr(self, name)
             if v is not None and v < 1:
@@ -161,8 +184,59 @@ def run_one(cfg: SweepConfig, seed: int, label: str, method: str | None, options
         scalars["layer_sparsity_setting"] = state.modules.layer_sparsity()
     record = {"label": label, "seed": seed, "method": method or DENSE, "options": options,
               "test": scalars, "analysis": an, "history": history}
+    if cfg.sparse_ffn_thresholds and method in (None, "cost"):
+        # cost is a loss: at inference the trained weights run stock (fused SDPA attention)
+        api.unpatch(model)
+        record["sparse_ffn"] = sparse_ffn_runs(cfg, model, test, label, seed, results,
+                                               scalars["flops"]["full_measured"])
     results.save_run(f"{label}__seed{seed}", record)
     return record
+
+
+def sparse_label(label: str, threshold: float, block: int) -> str:
+    """Label of ``label``'s model evaluated with the sparse FFN at ``threshold``, ``block``."""
+    return f"{label}-sffn{threshold:g}-b{block}"
+
+
+def sparse_ffn_runs(cfg: SweepConfig, model, test, label: str, seed: int,
+                    results: ResultsDir, dense_flops: int) -> dict:
+    """The trained ``model`` evaluated with :mod:`attnprune.sparse_ffn` at every threshold and
+    block size:
+    task metrics (predictions saved for the paired tests against dense), FLOPs counted over
+    the whole test set (``relative`` to ``dense_flops``, the stock model's count on the same
+    batches), token and block sparsity, and wall time interleaved with a copy of the same
+    weights running the dense FFN (:func:`finetune._time`)."""
+    import copy
+    import itertools
+
+    from .. import sparse_ffn
+    from ..finetune import _time, evaluate
+
+    dense = copy.deepcopy(model).eval()  # the same weights, dense FFN: the timing reference
+    keys = ("input_ids", "attention_mask", "token_type_ids")
+    batches = [{k: b[k] for k in keys if k in b} for b in itertools.islice(test, cfg.timing_batches)]
+    out = {}
+    try:
+        for tau, block in itertools.product(cfg.sparse_ffn_thresholds, cfg.sparse_ffn_blocks):
+            opts = {"mode": cfg.sparse_ffn_mode, "block": block,
+                    "max_active": cfg.sparse_ffn_max_active}
+            sub = sparse_label(label, tau, block)
+            sparse_ffn.apply(model, threshold=tau, count_zeros=True, **opts)
+            ev = evaluate(model, test, full_flops=dense_flops, progress=cfg.progress,
+                          desc=f"{sub} test")
+            st = sparse_ffn.stats(model)
+            results.save_predictions(sub, seed, ev["y_true"], ev["y_pred"], ev["probs"])
+            sparse_ffn.apply(model, threshold=tau, **opts)  # timed without the zero count
+            timing = _time(model, None, batches, cfg.timing_repeats, full_model=dense)
+            out[f"{tau:g}-b{block}"] = {
+                "label": sub, "threshold": tau, **opts,
+                **{k: v for k, v in ev.items() if k not in ("y_true", "y_pred", "probs")},
+                "token_sparsity": st["token_sparsity"], "block_sparsity": st["block_sparsity"],
+                "block_sparsity_by_layer": st["block_sparsity_by_layer"],
+                "token_sparsity_by_layer": st["token_sparsity_by_layer"], "time": timing}
+    finally:
+        sparse_ffn.remove(model)
+    return out
 
 
 def summarize(cfg: SweepConfig, records: dict, results: ResultsDir) -> dict:
@@ -211,8 +285,10 @@ def summarize(cfg: SweepConfig, records: dict, results: ResultsDir) -> dict:
                          "flops_relative": r["test"]["flops"]["relative"],
                          "time_relative": r["test"].get("time", {}).get("relative")})
     comparisons = _comparisons(cfg, results, load_predictions)
+    sparse = sparse_summary(cfg, records, runs)
     summary = {"command": f"attention sweep {cfg.sweep}", "env": env_info(),
                "config": to_dict(cfg), "methods": methods, "comparisons": comparisons,
+               "sparse_ffn": sparse,
                "notes": {"dense": "s = 0 and λ = 0 are this run (they reproduce it to 1e-5)",
                          "flops": "measured FLOPs are of dense kernels; sparse_proxy_relative "
                                   "is an analytic bound, not realised"}}
@@ -220,8 +296,84 @@ def summarize(cfg: SweepConfig, records: dict, results: ResultsDir) -> dict:
     if rows:
         results.write_csv("metrics.csv", rows)
     results.write_text("table.md", format_table(cfg, methods, comparisons))
+    if sparse:
+        results.write_text("table3.md", format_table3(cfg, records, sparse, comparisons))
     _figures(cfg, methods, results, plot_accuracy_vs)
     return summary
+
+
+def sparse_summary(cfg: SweepConfig, records: dict, runs: list) -> dict:
+    """Per setting and threshold, the seeds' sparse-FFN results: accuracy (mean, CI), MCC,
+    FLOPs per example (G) and relative to dense, latency per batch (ms) and relative to the same
+    weights with a dense FFN (interleaved), token and block sparsity."""
+    out = {}
+    for label, _, _, keys in runs:
+        recs = [records[(label, s)] for s in cfg.seeds
+                if (label, s) in records and records[(label, s)].get("sparse_ffn")]
+        if not recs:
+            continue
+        for tau_key in recs[0]["sparse_ffn"]:  # "<τ>-b<block>"
+            rs = [r["sparse_ffn"][tau_key] for r in recs if tau_key in r["sparse_ffn"]]
+            accs = [x["accuracy"] for x in rs]
+            cis = [list(stats.wilson_ci(round(x["accuracy"] * x["n"]), x["n"])[:2]) for x in rs]
+            mean = lambda xs: float(np.mean(xs))
+            out[rs[0]["label"]] = {
+                **keys, "setting": label, "threshold": rs[0]["threshold"],
+                "mode": rs[0]["mode"], "block": rs[0]["block"],
+                "max_active": rs[0]["max_active"], "seeds": [r["seed"] for r in recs],
+                "accuracy": stats.aggregate_seeds(accs, cis),
+                "mcc": mean([x["mcc"] for x in rs]),
+                "gflops_per_example": mean([x["flops"]["measured"] / x["n"] / 1e9 for x in rs]),
+                "flops_relative": mean([x["flops"]["relative"] for x in rs]),
+                "latency_ms_per_batch": mean([x["time"]["median_s"] / x["time"]["batches"] * 1e3
+                                              for x in rs]),
+                "time_relative": mean([x["time"]["relative"] for x in rs]),
+                "token_sparsity": mean([x["token_sparsity"] for x in rs]),
+                "block_sparsity": mean([x["block_sparsity"] for x in rs]),
+            }
+    return out
+
+
+def format_table3(cfg: SweepConfig, records: dict, sparse: dict, comparisons: list[dict]) -> str:
+    """The cost paper's Table 3 with our measurements: the dense baseline, then every λ with
+    the sparse FFN; paired accuracy tests against dense (λ = 0, dense FFN), Holm-adjusted."""
+    acc_cmp = {}
+    for c in comparisons:
+        if c["metric"] == "accuracy":
+            acc_cmp.setdefault(c["a"], []).append(c)
+    dense = [records[(DENSE, s)] for s in cfg.seeds if (DENSE, s) in records]
+    lines = [f"Seeds: {list(cfg.seeds)}{' (one seed: no CI over seeds)' if len(cfg.seeds) == 1 else ''}. "
+             f"Sparse FFN: mode {cfg.sparse_ffn_mode}, "
+             f"max_active {cfg.sparse_ffn_max_active:g}. FLOPs counted (FlopCounterMode) over the "
+             f"test set; latency per batch of {cfg.eval_batch_size}, {cfg.timing_repeats} "
+             f"interleaved repeats, relative to the same weights with a dense FFN.", "",
+             "| λ | τ | block | GFLOPs / example | FLOPs rel | latency ms / batch | latency rel | "
+             "token sparsity | block sparsity (skipped) | accuracy [95% CI] | MCC | "
+             "Δacc vs λ=0 dense [95% CI] | p Holm |", "|" + "---|" * 13]
+    if dense:
+        t = [r["test"] for r in dense]
+        acc = stats.aggregate_seeds([x["accuracy"] for x in t],
+                                    [list(stats.wilson_ci(round(x["accuracy"] * x["n"]),
+                                                          x["n"])[:2]) for x in t])
+        gfl = np.mean([x["flops"]["full_measured"] / x["n"] / 1e9 for x in t])
+        lat = np.mean([x["time"]["median_s"] / x["time"]["batches"] * 1e3 for x in t])
+        lines.append(f"| 0 (dense FFN) | — | — | {gfl:.3f} | 1.000 | {lat:.1f} | 1.000 | — | 0 | "
+                     f"{acc['mean']:.4f} [{acc['ci95'][0]:.4f}, {acc['ci95'][1]:.4f}] | "
+                     f"{np.mean([x['mcc'] for x in t]):.3f} | — | — |")
+    for sub, m in sparse.items():
+        cs = acc_cmp.get(sub, [])
+        c = cs[0] if len(cs) == 1 else None  # one seed: its test; several: see summary.json
+        delta = f"{c['diff']:+.4f} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]" if c else "—"
+        ph = f"{c['p_holm']:.3g}" if c and c.get("p_holm") is not None else "—"
+        a = m["accuracy"]
+        lines.append(
+            f"| {m['lam']:g} | {m['threshold']:g} | {m['block']} | "
+            f"{m['gflops_per_example']:.3f} | "
+            f"{m['flops_relative']:.3f} | {m['latency_ms_per_batch']:.1f} | "
+            f"{m['time_relative']:.3f} | {m['token_sparsity']:.3f} | {m['block_sparsity']:.3f} | "
+            f"{a['mean']:.4f} [{a['ci95'][0]:.4f}, {a['ci95'][1]:.4f}] | {m['mcc']:.3f} | "
+            f"{delta} | {ph} |")
+    return "\n".join(lines) + "\n"
 
 
 def _comparisons(cfg: SweepConfig, results: ResultsDir, load_predictions) -> list[dict]:

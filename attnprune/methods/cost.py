@@ -28,6 +28,10 @@ activation sparse. Per layer: L1 over the units, mean over the real tokens of th
 Scale: both terms are sums over heads / units (not means), as in eq. 2, so λ has the paper's
 range (1e-6 … 1e-2). ``location`` selects both terms ("both"), attention only, or FFN only
 (the paper's ablation); λ = 0 leaves the model's outputs and gradients stock.
+
+Savings: the penalty only makes activations sparse; dense kernels still multiply the zeros.
+:mod:`attnprune.sparse_ffn` turns FFN units that are off in a whole block of tokens into
+skipped work (counted FLOPs and wall time) at inference.
 """
 
 from __future__ import annotations
