@@ -90,6 +90,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import partial
 
 import torch
@@ -324,10 +325,14 @@ class HFEncoderState(PatchState):
         else:
             if w is None:  # exact: every real query, weight m_i / n
                 w = mask.to(q.dtype) / mask.sum(1, keepdim=True).clamp_min(1).to(q.dtype)
-            step = max(1, (1 << 22) // max(H * R * L, 1))  # ≤ 4 M probabilities per chunk
-            out = torch.cat([torch.einsum("bhij,bi->bhj", probs(lo, min(lo + step, B)),
-                                          w[lo:lo + step])
-                             for lo in range(0, B, step)])[:, :, None, :]  # (B, H, 1, L)
+            # ≤ 4 M probabilities per chunk; one chunk when traced (range() over a symbolic
+            # batch size would fix it to the example's)
+            step = None if _tracing() else max(1, (1 << 22) // max(H * R * L, 1))
+            starts = [0] if step is None else range(0, B, step)
+            out = torch.cat([torch.einsum("bhij,bi->bhj", probs(lo, B if step is None
+                                                                else min(lo + step, B)),
+                                          w if step is None else w[lo:lo + step])
+                             for lo in starts])[:, :, None, :]  # (B, H, 1, L)
         self.scorer_time_s += time.perf_counter() - t0
         return out
 
@@ -343,6 +348,7 @@ class _Pass:
     labels: Tensor | None
     kwargs: dict  # passed to every layer (position_ids dropped after the first gather)
     bucket: bool
+    static: bool  # traced (export / compile): shapes from input shapes only, see _tracing
     kept: list[float]  # real tokens (soft mask sums in training) entering layer l, all groups
     padded: list[int]  # token slots layer l computes, summed over groups
 
@@ -368,7 +374,7 @@ def _pruned_forward(state: HFEncoderState, original, hidden_states, attention_ma
     state.scorer_time_s = state.select_time_s = state.gather_time_s = 0.0
     B, L, _ = hidden_states.shape
     mask = _key_mask(attention_mask, B, L, hidden_states.device)  # (B, L) real tokens
-    real = int(mask.sum())
+    static = _tracing()
     n = len(state.layers)
     method = state.modules
     # Row bucketing at inference only: training keeps one padded batch (soft masks, and
@@ -376,10 +382,15 @@ def _pruned_forward(state: HFEncoderState, original, hidden_states, attention_ma
     run = _Pass(method=method, training=training,
                 rows=getattr(method, "attention_rows", "all"),
                 labels=state.labels if training else None, kwargs=kwargs,
-                bucket=state.bucket_rows and not training, kept=[0.0] * n, padded=[0] * n)
+                bucket=state.bucket_rows and not training and not static, static=static,
+                kept=[0.0] * n, padded=[0] * n)
     index = torch.arange(L, device=mask.device).expand(B, L)  # original positions
     full = hidden_states if state.output == "scatter" else None
     hidden_states, _ = _layers(state, run, 0, hidden_states, mask, attention_mask, index, full)
+    if static:  # the counts are data: a traced graph has no place for them
+        state.stats = {}
+        return state.output_cls(last_hidden_state=hidden_states)
+    real = int(mask.sum())
     kept = run.kept
     state.stats = {
         "real_tokens": real,
@@ -413,8 +424,10 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
         layer = state.layers[i]
         prune = i < n - 1 and state.schedule[i] < (state.schedule[i - 1] if i else 1.0) - 1e-12
         need_attn = prune and method.needs_attention
-        run.kept[i] += float(soft_total.detach().sum()) if soft_total is not None else float(mask.sum())
-        run.padded[i] += mask.numel()
+        if not run.static:
+            run.kept[i] += (float(soft_total.detach().sum()) if soft_total is not None
+                            else float(mask.sum()))
+            run.padded[i] += mask.numel()
         state._want = state.qk[i][0] if need_attn else None  # hooks keep this layer's q, k
         hidden = layer(hidden, mask4d, **run.kwargs)
         if not prune:
@@ -443,7 +456,10 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
         keep = sel.keep & mask
         if full is not None:
             full = scatter_tokens(full, hidden, index, mask)
-        g, index = gather_tokens(hidden, keep, index)
+        # Traced: K = ⌊ρ·K_prev⌋ from the shape (every row's k = ⌊ρ·n_b⌋ ≤ it, the rest is
+        # padding), not the data-dependent max of the kept counts.
+        size = _static_budget(hidden.shape[1], rho) if run.static else None
+        g, index = gather_tokens(hidden, keep, index, size=size)
         hidden, mask = g.hidden, g.mask
         gathered = True
         run.kwargs.pop("position_ids", None)
@@ -504,6 +520,27 @@ def _grouped(state: HFEncoderState, run: _Pass, start: int, groups: list[Tensor]
         out_mask[rows, : m.shape[1]] = m
     state.gather_time_s += time.perf_counter() - t0
     return out, out_mask
+
+
+def _tracing() -> bool:
+    """True while torch.export / torch.compile / the TorchScript tracer records the forward.
+
+    The recorded graph must not depend on values: there the loop skips the per-forward
+    statistics and row bucketing (counts read back from tensors), and sizes every gather by
+    :func:`_static_budget` instead of the batch's largest kept count (``.item()``)."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+def _static_budget(n, keep_ratio: float):
+    """k = max(1, ⌊n·p / q⌋) with p / q = ρ as a fraction: :func:`attnprune.selection.budget`
+    of a row with n real tokens, for an int or a symbolic size (torch.export's SymInt): the
+    largest kept count of any row of a fixed-budget method on a batch n tokens wide.
+
+    Integer arithmetic, not ⌊n·ρ + 1e-9⌋: an exported graph may compute the float product in
+    float32, where 10 · 0.7 = 6.9999999 would drop a kept token. ``export_onnx`` checks that
+    both agree on every length it exports."""
+    frac = Fraction(keep_ratio).limit_denominator(1 << 16)
+    return torch.sym_max(1, n * frac.numerator // frac.denominator)
 
 
 def _bidirectional(state: HFEncoderState, hidden: Tensor, mask: Tensor):
