@@ -420,11 +420,19 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
     method = run.method
     n = len(state.layers)
     soft_total: Tensor | None = None  # (b, K) product of the soft masks so far (training)
+    # One row without padding (batch-1 serving) stays without padding after any gather: every
+    # slot is real, so the counts are the width, the gather is one index_select of the kept
+    # positions, and the layers keep mask None (the stock no-padding SDPA call) instead of a
+    # mask rebuilt by create_bidirectional_mask at every pruning layer.
+    single = not (run.static or run.training) and mask4d is None and hidden.shape[0] == 1
     for i in range(start, n):
         layer = state.layers[i]
         prune = i < n - 1 and state.schedule[i] < (state.schedule[i - 1] if i else 1.0) - 1e-12
         need_attn = prune and method.needs_attention
-        if not run.static:
+        if single:
+            run.kept[i] += hidden.shape[1]
+            run.padded[i] += hidden.shape[1]
+        elif not run.static:
             run.kept[i] += (float(soft_total.detach().sum()) if soft_total is not None
                             else float(mask.sum()))
             run.padded[i] += mask.numel()
@@ -456,6 +464,15 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
         keep = sel.keep & mask
         if full is not None:
             full = scatter_tokens(full, hidden, index, mask)
+        if single:
+            pos = keep[0].nonzero().squeeze(1)  # (K',) kept positions, ascending
+            if pos.numel() > 0:
+                hidden, index = hidden.index_select(1, pos), index.index_select(1, pos)
+                mask = mask.new_ones(1, pos.numel())
+                gathered = True
+                run.kwargs.pop("position_ids", None)
+                state.gather_time_s += time.perf_counter() - t1
+                continue
         # Traced: K = ⌊ρ·K_prev⌋ from the shape (every row's k = ⌊ρ·n_b⌋ ≤ it, the rest is
         # padding), not the data-dependent max of the kept counts.
         size = _static_budget(hidden.shape[1], rho) if run.static else None
