@@ -52,6 +52,16 @@ Choices, and why:
   relaxation matches the hard path), or multiplies the hidden states (``soft_mode="multiply"``).
   Masks of successive layers multiply. Methods without a soft mask gather in training too.
   In eval, every method is hard and gathers.
+* One row without padding (batch-1 serving; the model gave no attention mask) stays without
+  padding after every gather, so the loop takes a short path: counts from the width, the kept
+  positions by one ``index_select``, and no attention mask for later layers (the stock
+  no-padding SDPA call) instead of ``create_bidirectional_mask`` at each pruning layer.
+* Traced (``torch.export`` / ``torch.onnx.export`` / ``torch.compile``, :func:`_tracing`):
+  shapes must follow the input shapes, not the data. Each gather is sized by
+  K = ⌊ρ·K_prev⌋ (:func:`_static_budget`; ≥ every row's k = ⌊ρ·n_b⌋, shorter rows padded and
+  masked), and statistics and row bucketing, which read counts back, are skipped. Correct
+  only for fixed-budget methods (k = ⌊ρ·n⌋); :func:`attnprune.deploy.onnx.export_onnx`
+  refuses the others.
 * ``position_ids`` given to the model are not passed to layers after a gather (HF_NOTES.md:
   non-consecutive ids look like packed sequences); absolute positions were added at the
   embeddings already.
