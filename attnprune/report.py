@@ -1,9 +1,26 @@
-"""One self-contained HTML report per results folder (``attnprune report DIR``).
+"""One self-contained HTML page per results folder (``attnprune report DIR``).
 
-Reads what every command writes (DESIGN.md contract): ``summary.json`` (its ``methods`` table
-and ``comparisons``), ``config.yaml`` and every ``*.png`` in the folder, and writes
-``report.html`` with the figures embedded as base64, so the file can be mailed or attached.
-Commands call :func:`build` at their end; the command rebuilds it after a partial run.
+Reads what every command writes (DESIGN.md contract): ``summary.json``, ``config.yaml`` and
+the ``*.png`` figures, and writes ``DIR/report.html`` with the figures embedded as base64, so
+the file can be mailed or attached. Commands call :func:`build` at their end; the command
+rebuilds it after a partial run. Given a folder that holds several results folders (``--out``
+of repeated runs), it writes one page per run and an ``index.html`` linking them.
+
+The page is for reading, not for machines (``summary.json`` is that):
+
+* figures first, since they are what a reader looks at;
+* the main table (``methods``; ``points`` of ``pareto``) with one column per metric: nested
+  records are flattened (``flops · relative``), ``{mean, ci95}`` shows as ``mean [lo, hi]``,
+  per-seed lists are left to ``summary.json``;
+* every comparison (any list of records with ``a`` and ``b``) as a table: a, b, metric, diff,
+  95 % CI, test, p, Holm-adjusted p, then whatever else the command recorded (seed, effect…);
+* every other key of the summary as a table or a short list, never as raw JSON;
+* numbers with 4 significant digits (p-values 3), so no 17-digit float reaches the reader;
+  integers are written out in full, or with k / M / G above a million (FLOP counts).
+
+Why HTML by hand rather than a template engine or pandas' ``to_html``: the page is a handful
+of tables and images, and the formatting rules above are the whole point; neither a Jinja
+dependency nor DataFrame styling would remove any of them.
 """
 
 from __future__ import annotations
@@ -11,133 +28,312 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from .results import atomic_write_text
 
-__all__ = ["build", "main"]
+__all__ = ["build", "fmt", "main"]
 
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;color:#222}
-h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;font-size:.88em;margin:.6em 0}
-th,td{border:1px solid #ccc;padding:.25em .55em;text-align:right}
-th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
-figure{display:inline-block;margin:.5em;vertical-align:top}
-figure img{max-width:520px;border:1px solid #eee}figcaption{font-size:.85em;color:#555}
-pre{background:#f7f7f7;padding:.8em;overflow:auto;font-size:.85em}
-.yes{color:#0a0}.no{color:#a00}
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:1.5em auto;max-width:1400px;
+padding:0 1em;color:#222;line-height:1.4}
+h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
+h3{font-size:1em;margin:1.2em 0 .3em}
+.meta{color:#555;font-size:.9em}
+.scroll{overflow-x:auto}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
+th,td{border:1px solid #d4d4d4;padding:.2em .5em;text-align:right}
+td{white-space:nowrap}
+th{background:#f2f2f2;vertical-align:bottom;max-width:9em;overflow-wrap:break-word}
+td.l,th.l{text-align:left}
+td.w{white-space:normal;text-align:left;min-width:12em;max-width:26em}
+tr:nth-child(even) td{background:#fafafa}
+figure{display:inline-block;margin:.4em;vertical-align:top;max-width:100%}
+figure img{max-width:100%;border:1px solid #eee}
+figcaption{font-size:.8em;color:#555;text-align:center}
+.yes{color:#070}.no{color:#a00}.sig{font-weight:600}
+ul.notes{font-size:.9em}
+table.kv td{text-align:left}
 """
 
+# Keys kept in summary.json but not shown: per-seed detail and raw arrays.
+_HIDDEN = {"per_seed", "per_seed_ci95", "seeds", "batch_shape", "discordant", "test_variant"}
+_P_KEYS = {"p", "p_holm", "pvalue", "p_value"}
+# The columns of a comparison table, in this order; other keys follow.
+_COMPARISON_COLS = ["a", "b", "metric", "diff", "ci95", "test", "p", "p_holm"]
+_COLUMN_NAMES = {"ci95": "95 % CI", "p_holm": "p (Holm)", "diff": "diff (a − b)"}
 
-def _fmt(x: Any, digits: int = 4) -> str:
+
+def fmt(x: Any, digits: int = 4) -> str:
+    """A value as text for the page: floats with ``digits`` significant digits, big integers
+    with k / M / G, None as "–". Trailing zeros are kept (0.9000), so columns line up."""
     if x is None:
         return "–"
     if isinstance(x, bool):
         return "yes" if x else "no"
+    if isinstance(x, int):
+        return str(x) if abs(x) < 1_000_000 else _si(float(x), digits)
     if isinstance(x, float):
-        if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e6):
-            return f"{x:.3g}"
-        return f"{x:.{digits}f}"
-    return html.escape(str(x))
+        if math.isnan(x) or math.isinf(x):
+            return str(x)
+        if x == 0:
+            return "0"
+        if x.is_integer() and abs(x) < 1_000_000:  # counts stored as floats (FLOPs)
+            return str(int(x))
+        if abs(x) >= 1_000_000:
+            return _si(x, digits)
+        if abs(x) < 1e-3:
+            return f"{x:.{digits - 1}e}"
+        s = f"{x:#.{digits}g}"
+        return s.rstrip(".") if "e" not in s else s
+    return str(x)
 
 
-def _metric_cell(v: Any) -> str:
-    """A {mean, ci95} dict → 'mean [lo, hi]'; a plain number → the number."""
-    if isinstance(v, dict) and "mean" in v:
-        ci = v.get("ci95") or [None, None]
-        return f"{_fmt(v['mean'])} [{_fmt(ci[0])}, {_fmt(ci[1])}]"
+def _si(x: float, digits: int) -> str:
+    for scale, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if abs(x) >= scale:
+            return f"{fmt(x / scale, digits)} {unit}"
+    return fmt(x, digits)
+
+
+def _is_ci(v: Any) -> bool:
+    return isinstance(v, dict) and "mean" in v
+
+
+def _cell_text(v: Any, key: str = "") -> str:
+    """Plain text of one table cell."""
+    digits = 3 if key in _P_KEYS else 4
+    if _is_ci(v):
+        ci = v.get("ci95") or []
+        if len(ci) == 2 and all(isinstance(c, (int, float)) for c in ci):
+            return f"{fmt(v['mean'])} [{fmt(ci[0])}, {fmt(ci[1])}]"
+        return fmt(v["mean"])
+    if isinstance(v, (list, tuple)):
+        if key.endswith("ci95") and len(v) == 2:
+            return f"[{fmt(v[0])}, {fmt(v[1])}]"
+        nums = [x for x in v if isinstance(x, (int, float)) and not isinstance(x, bool)
+                and not math.isnan(x)]
+        if len(v) > 12 or (len(v) > 4 and len(nums) < len(v) / 2):
+            # long arrays (ROC points, reliability bins, mostly empty): their figure shows them
+            if not nums:
+                return f"{len(v)} items"
+            empty = f", {len(v) - len(nums)} empty" if len(nums) < len(v) else ""
+            return f"{len(v)} values, {fmt(min(nums))} … {fmt(max(nums))}{empty}"
+        return ", ".join(_cell_text(x) for x in v)
     if isinstance(v, dict):
-        for key in ("relative", "median_s", "measured"):
-            if key in v:
-                return _fmt(v[key])
-        return html.escape(json.dumps(v)[:60])
-    return _fmt(v)
+        return "; ".join(f"{k} {_cell_text(x, str(k))}" for k, x in v.items()
+                         if k not in _HIDDEN and x is not None)
+    return fmt(v, digits)
 
 
-def _methods_table(methods: dict[str, dict]) -> str:
+def _td(v: Any, key: str = "") -> str:
+    text = html.escape(_cell_text(v, key))
+    if isinstance(v, bool):
+        return f'<td class="{"yes" if v else "no"}">{text}</td>'
+    if key == "p_holm" and isinstance(v, (int, float)) and v < 0.05:
+        return f'<td class="sig">{text}</td>'
+    numeric = isinstance(v, (int, float)) or _is_ci(v) or v is None
+    if numeric:
+        return f"<td>{text}</td>"
+    return f'<td class="{"w" if len(text) > 30 else "l"}">{text}</td>'
+
+
+def _flatten(rec: dict, prefix: str = "") -> dict[str, Any]:
+    """One level of columns from a nested record: {mean, ci95} and lists stay whole, other
+    dicts become ``outer · inner`` columns; comparison records (with a and b) are skipped,
+    they have their own table."""
+    out: dict[str, Any] = {}
+    for k, v in rec.items():
+        if k in _HIDDEN:
+            continue
+        name = f"{prefix}{k}"
+        if isinstance(v, dict) and not _is_ci(v):
+            if _is_comparison(v):
+                continue
+            out.update(_flatten(v, f"{name} · "))
+        else:
+            out[name] = v
+    return out
+
+
+def _table(rows: list[tuple[str, dict]], first: str) -> str:
+    """Rows (label, flat record) → an HTML table; columns in first-seen order, empty ones dropped."""
     cols: list[str] = []
-    for rec in methods.values():
-        for k in rec:
-            if k not in cols:
-                cols.append(k)
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["method", *cols])
-    rows = []
-    for name, rec in methods.items():
-        cells = "".join(f"<td>{_metric_cell(rec.get(c))}</td>" for c in cols)
-        rows.append(f"<tr><td>{html.escape(name)}</td>{cells}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+    for _, rec in rows:
+        cols += [c for c in rec if c not in cols]
+    cols = [c for c in cols if any(rec.get(c) is not None for _, rec in rows)]
+    head = f'<th class="l">{html.escape(first)}</th>' + "".join(
+        f"<th>{html.escape(_COLUMN_NAMES.get(c, c))}</th>" for c in cols)
+    body = "".join(
+        f'<tr><td class="l">{html.escape(str(label))}</td>'
+        + "".join(_td(rec.get(c), c.rsplit(" · ", 1)[-1]) for c in cols) + "</tr>"
+        for label, rec in rows)
+    return f'<div class="scroll"><table><tr>{head}</tr>{body}</table></div>'
+
+
+def _is_comparison(v: Any) -> bool:
+    return isinstance(v, dict) and "a" in v and "b" in v
 
 
 def _comparisons_table(comps: list[dict]) -> str:
-    cols = ["a", "b", "metric", "diff", "ci95", "test", "p", "p_holm", "effect", "noninferior", "claim"]
-    cols = [c for c in cols if any(c in r for r in comps)]
-    head = "".join(f"<th>{c}</th>" for c in cols)
-    rows = []
-    for r in comps:
-        cells = []
-        for c in cols:
-            v = r.get(c)
-            if c == "ci95" and isinstance(v, (list, tuple)):
-                cells.append(f"<td>[{_fmt(v[0])}, {_fmt(v[1])}]</td>")
-            elif c == "effect" and isinstance(v, dict):
-                cells.append("<td>" + ", ".join(f"{k} {_fmt(x)}" for k, x in v.items()) + "</td>")
-            else:
-                cells.append(f"<td>{_fmt(v)}</td>")
-        rows.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+    """The comparisons: the fixed columns first, then the other keys the command recorded."""
+    flat = [_flatten(c) for c in comps]
+    cols = [c for c in _COMPARISON_COLS if any(c in r for r in flat)]
+    for r in flat:
+        cols += [c for c in r if c not in cols and not c.startswith("effect · delta")]
+    cols = [c for c in cols if any(r.get(c) is not None for r in flat)]
+    head = "".join(f'<th class="l">{html.escape(_COLUMN_NAMES.get(c, c))}</th>' if c in ("a", "b")
+                   else f"<th>{html.escape(_COLUMN_NAMES.get(c, c))}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(_td(r.get(c), c) for c in cols) + "</tr>" for r in flat)
+    return f'<div class="scroll"><table><tr>{head}</tr>{body}</table></div>'
 
 
-def build(run_dir: str | Path) -> Path:
-    """Write ``run_dir/report.html`` from the folder's summary, config and figures."""
+def _scalars(d: dict, exact: bool = False) -> str:
+    """A two-column key / value table; ``exact`` (settings) writes numbers as given, up to 6
+    significant digits and without padding zeros (lr 0.001, not 0.001000)."""
+    def text(k, v):
+        if exact and isinstance(v, float):
+            return html.escape(f"{v:.6g}")
+        if exact and isinstance(v, (list, tuple)):
+            return html.escape(", ".join(f"{x:.6g}" if isinstance(x, float) else _cell_text(x)
+                                         for x in v))
+        return html.escape(_cell_text(v, str(k)))
+
+    rows = "".join(f'<tr><td>{html.escape(str(k))}</td><td>{text(k, v)}</td></tr>'
+                   for k, v in _flatten(d).items())
+    return f'<table class="kv">{rows}</table>'
+
+
+def _section(key: str, value: Any, level: int = 2) -> str:
+    """Any other summary entry, shown as a table, a list or a line; never raw JSON."""
+    title = f"<h{level}>{html.escape(key.replace('_', ' '))}</h{level}>"
+    if value is None or value == [] or value == {}:
+        return ""
+    if isinstance(value, list) and all(_is_comparison(v) for v in value):
+        return title + _comparisons_table(value)
+    if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+        return title + _table([(str(i + 1), _flatten(v)) for i, v in enumerate(value)], "#")
+    if isinstance(value, dict):
+        lists = {k: v for k, v in value.items()
+                 if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)}
+        if lists:  # e.g. ablations (name → runs), comparisons per group: one table each
+            rest = {k: v for k, v in value.items() if k not in lists}
+            return (title + (_scalars(rest) if rest else "")
+                    + "".join(_section(str(k), v, level + 1) for k, v in lists.items()))
+        if value and all(isinstance(v, dict) for v in value.values()):
+            rows = [(str(k), _flatten(v)) for k, v in value.items()]
+            n_cols = len({c for _, r in rows for c in r})
+            if n_cols <= 40 or level >= 4:
+                return title + _table(rows, "")
+            return title + "".join(_section(str(k), v, level + 1) for k, v in value.items())
+        return title + _scalars(value)
+    if isinstance(value, list):
+        return title + f"<p>{html.escape(_cell_text(value))}</p>"
+    return title + f"<p>{html.escape(_cell_text(value))}</p>"
+
+
+def _figures(run_dir: Path) -> str:
+    pngs = sorted(run_dir.glob("*.png")) + sorted(run_dir.glob("figures/*.png"))
+    out = []
+    for png in pngs:
+        data = base64.b64encode(png.read_bytes()).decode("ascii")
+        name = html.escape(png.relative_to(run_dir).as_posix())
+        out.append(f'<figure><img alt="{name}" src="data:image/png;base64,{data}">'
+                   f"<figcaption>{name}</figcaption></figure>")
+    return "".join(out)
+
+
+def _config(run_dir: Path, summary: dict) -> str:
+    text = (run_dir / "config.yaml").read_text() if (run_dir / "config.yaml").is_file() else None
+    cfg = summary.get("config")
+    if text is not None:
+        import yaml
+
+        try:
+            cfg = yaml.safe_load(text)
+        except yaml.YAMLError:
+            return "<h2>configuration</h2><pre>" + html.escape(text) + "</pre>"
+    if not isinstance(cfg, dict) or not cfg:
+        return ""
+    return "<h2>configuration</h2>" + _scalars(cfg, exact=True)
+
+
+def page(run_dir: str | Path) -> str:
+    """The HTML of one results folder's report."""
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ValueError(f"report: {run_dir} is not a folder")
     summary: dict = {}
     if (run_dir / "summary.json").is_file():
         summary = json.loads((run_dir / "summary.json").read_text())
-    parts = [f"<h1>attnprune report — {html.escape(str(summary.get('command', run_dir.name)))}</h1>"]
+    command = str(summary.get("command", "results"))
+    parts = [f"<h1>{html.escape(command)} — {html.escape(run_dir.name)}</h1>"]
     env = summary.get("env")
-    if env:
-        parts.append("<p>" + " · ".join(f"{html.escape(k)}: {_fmt(v)}" for k, v in env.items()) + "</p>")
-    if summary.get("notes"):
-        notes = summary["notes"]
-        notes = notes if isinstance(notes, list) else [notes]
-        parts.append("<ul>" + "".join(f"<li>{html.escape(str(n))}</li>" for n in notes) + "</ul>")
-    if summary.get("methods"):
-        parts.append("<h2>Methods (mean [95 % CI] over seeds; relative = against the full model, same run)</h2>")
-        parts.append(_methods_table(summary["methods"]))
-    if summary.get("comparisons"):
-        parts.append("<h2>Paired comparisons (Holm-corrected)</h2>")
-        parts.append(_comparisons_table(summary["comparisons"]))
-    for key, value in summary.items():
-        if key in ("command", "env", "methods", "comparisons", "notes"):
-            continue
-        parts.append(f"<h2>{html.escape(key)}</h2><pre>{html.escape(json.dumps(value, indent=2)[:20000])}</pre>")
-    figures = sorted(run_dir.glob("*.png"))
+    if isinstance(env, dict):
+        parts.append('<p class="meta">' + " · ".join(
+            f"{html.escape(str(k))} {html.escape(_cell_text(v))}" for k, v in env.items()) + "</p>")
+    notes = summary.get("notes")
+    if notes:
+        items = notes.items() if isinstance(notes, dict) else enumerate(notes if isinstance(notes, list) else [notes])
+        parts.append('<ul class="notes">' + "".join(
+            f"<li>{'' if isinstance(k, int) else f'<b>{html.escape(str(k))}</b>: '}"
+            f"{html.escape(str(n))}</li>" for k, n in items) + "</ul>")
+    figures = _figures(run_dir)
     if figures:
-        parts.append("<h2>Figures</h2>")
-        for png in figures:
-            data = base64.b64encode(png.read_bytes()).decode("ascii")
-            parts.append(
-                f'<figure><img alt="{html.escape(png.name)}" src="data:image/png;base64,{data}">'
-                f"<figcaption>{html.escape(png.name)}</figcaption></figure>"
-            )
-    if (run_dir / "config.yaml").is_file():
-        parts.append("<h2>Configuration</h2><pre>" + html.escape((run_dir / "config.yaml").read_text()) + "</pre>")
-    page = (
-        "<!doctype html><html><head><meta charset='utf-8'><title>attnprune report</title>"
-        f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n"
-    )
-    return atomic_write_text(run_dir / "report.html", page)
+        parts.append(figures)
+    main_key = next((k for k in ("methods", "points") if isinstance(summary.get(k), dict)), None)
+    if main_key:
+        parts.append(f"<h2>{main_key} (mean [95 % CI] over seeds; relative = against the full "
+                     "model, same run)</h2>")
+        parts.append(_table([(k, _flatten(v)) for k, v in summary[main_key].items()],
+                            "method" if main_key == "methods" else "point"))
+    if summary.get("comparisons"):
+        parts.append("<h2>comparisons (paired; p (Holm) over the run's family)</h2>")
+        parts.append(_comparisons_table(summary["comparisons"]))
+    shown = {"command", "env", "notes", "config", "comparisons", main_key}
+    for key, value in summary.items():
+        if key not in shown:
+            parts.append(_section(key, value))
+    parts.append(_config(run_dir, summary))
+    title = html.escape(f"attnprune {command} — {run_dir.name}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+            f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n")
+
+
+def _runs_below(folder: Path) -> list[Path]:
+    """Results folders directly inside ``folder`` (they hold a summary.json)."""
+    return sorted(p for p in folder.iterdir() if p.is_dir() and (p / "summary.json").is_file())
+
+
+def build(run_dir: str | Path) -> Path:
+    """Write ``run_dir/report.html`` (one results folder) and return its path.
+
+    A folder without ``summary.json`` whose subfolders are results folders gets one page per
+    run and an ``index.html`` linking them (its path is returned)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ValueError(f"report: {run_dir} is not a folder")
+    runs = [] if (run_dir / "summary.json").is_file() else _runs_below(run_dir)
+    if not runs:
+        return atomic_write_text(run_dir / "report.html", page(run_dir))
+    items = []
+    for r in runs:
+        build(r)
+        command = json.loads((r / "summary.json").read_text()).get("command", "")
+        items.append(f'<li><a href="{html.escape(r.name)}/report.html">{html.escape(r.name)}</a>'
+                     f" — {html.escape(str(command))}</li>")
+    index = (f"<!doctype html><html><head><meta charset='utf-8'><title>attnprune runs in "
+             f"{html.escape(run_dir.name)}</title><style>{_CSS}</style></head><body>"
+             f"<h1>runs in {html.escape(run_dir.name)}</h1><ul>{''.join(items)}</ul></body></html>\n")
+    return atomic_write_text(run_dir / "index.html", index)
 
 
 def main(argv: list[str]) -> int:
     """``attnprune report DIR [DIR ...]``."""
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: attnprune report DIR [DIR ...]   (re)build DIR/report.html")
+        print("usage: attnprune report DIR [DIR ...]   (re)build DIR/report.html "
+              "(or one page per run and DIR/index.html for a folder of runs)")
         return 0 if argv else 2
     for d in argv:
         try:

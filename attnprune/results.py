@@ -85,11 +85,17 @@ def make_run_dir(out: str | os.PathLike, command: str, exact: bool = False) -> P
 
 
 class ResultsDir:
-    """Atomic writers and the resume markers of one results folder."""
+    """Atomic writers and the resume markers of one results folder.
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    ``writer=False``: the writers do nothing (and the folder is not created), for the
+    processes other than process 0 of a multi-process run, which compute the same results
+    (see :mod:`attnprune.distributed`)."""
+
+    def __init__(self, path: str | os.PathLike, writer: bool = True) -> None:
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.writer = writer
+        if writer:
+            self.path.mkdir(parents=True, exist_ok=True)
 
     @classmethod
     def start(cls, out: str | os.PathLike, command: str, exact: bool, config: Any) -> ResultsDir:
@@ -103,8 +109,14 @@ class ResultsDir:
         return results
 
     # -- writers ---------------------------------------------------------------------------
+    def _write_bytes(self, name: str, data: bytes) -> Path:
+        """Every writer ends here: one place where a non-writing process skips the write."""
+        if not self.writer:
+            return self.path / name
+        return atomic_write_bytes(self.path / name, data)
+
     def write_text(self, name: str, text: str) -> Path:
-        return atomic_write_text(self.path / name, text)
+        return self._write_bytes(name, text.encode("utf-8"))
 
     def write_json(self, name: str, obj: Any) -> Path:
         return self.write_text(name, json.dumps(_jsonable(obj), indent=2) + "\n")
@@ -115,12 +127,12 @@ class ResultsDir:
     def write_npy(self, name: str, array: np.ndarray) -> Path:
         buf = io.BytesIO()
         np.save(buf, np.asarray(array), allow_pickle=False)
-        return atomic_write_bytes(self.path / name, buf.getvalue())
+        return self._write_bytes(name, buf.getvalue())
 
     def write_npz(self, name: str, **arrays: np.ndarray) -> Path:
         buf = io.BytesIO()
         np.savez_compressed(buf, **{k: np.asarray(v) for k, v in arrays.items()})
-        return atomic_write_bytes(self.path / name, buf.getvalue())
+        return self._write_bytes(name, buf.getvalue())
 
     def write_csv(self, name: str, rows: list[dict]) -> Path:
         buf = io.StringIO()
@@ -138,14 +150,19 @@ class ResultsDir:
         import matplotlib.pyplot as plt
 
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+        if self.writer:
+            fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
         plt.close(fig)
-        return atomic_write_bytes(self.path / name, buf.getvalue())
+        return self._write_bytes(name, buf.getvalue())
 
     # -- resume ----------------------------------------------------------------------------
     @staticmethod
     def _key(key: str) -> str:
         return re.sub(r"[^A-Za-z0-9_.=-]+", "_", key)
+
+    def exists(self, name: str) -> bool:
+        """Whether the folder holds the file ``name`` (e.g. a result kept from an earlier run)."""
+        return (self.path / name).is_file()
 
     def run_done(self, key: str) -> bool:
         return (self.path / "runs" / f"{self._key(key)}.json").is_file()
@@ -158,7 +175,13 @@ class ResultsDir:
         return self.write_json(f"runs/{self._key(key)}.json", record)
 
     def save_predictions(self, label: str, seed: int, y_true, y_pred, scores=None) -> Path:
-        arrays = {"y_true": np.asarray(y_true, dtype=np.int64), "y_pred": np.asarray(y_pred, dtype=np.int64)}
+        """Per-example labels and predictions: class ids as int64, real-valued ones (the targets
+        and outputs of a regression) as float64, so they are not truncated to integers."""
+        def arr(x):
+            a = np.asarray(x)
+            return a.astype(np.float64 if np.issubdtype(a.dtype, np.floating) else np.int64)
+
+        arrays = {"y_true": arr(y_true), "y_pred": arr(y_pred)}
         if scores is not None:
             arrays["scores"] = np.asarray(scores, dtype=np.float64)
         return self.write_npz(f"predictions/{self._key(label)}__seed{int(seed)}.npz", **arrays)

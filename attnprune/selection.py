@@ -74,7 +74,8 @@ def topk_keep(
 
     Exactly one of ``keep_ratio`` (k = ⌊ρ·n_real⌋, ≥ 1) and ``k`` (int or (B,) tensor) is given.
     ``protect`` (B, L) bool marks tokens kept regardless of score (e.g. CLS); they count
-    toward k. Ties are broken by position (earlier first), so the result is deterministic.
+    toward k (and are all kept even where they outnumber k). Ties are broken by position
+    (earlier first), so the result is deterministic.
     """
     B, L = scores.shape
     if mask is None:
@@ -99,7 +100,10 @@ def topk_keep(
     order = torch.sort(s, dim=1, descending=True, stable=True).indices
     rank = torch.empty_like(order)
     rank.scatter_(1, order, torch.arange(L, device=scores.device).expand(B, L))
-    return (rank < kk[:, None]) & mask
+    keep = rank < kk[:, None]
+    if protect is not None:  # more protected tokens than k (a short pair's [CLS] + 2 [SEP])
+        keep = keep | protect.bool()
+    return keep & mask
 
 
 def threshold_keep(

@@ -22,6 +22,11 @@ Implements §9 of ``papers/entropy_guided_token_pruning.txt``:
                                                     :func:`apply_decision_rule`
 ======  ==========================================  =========================================
 
+plus the GLUE task metrics (CoLA, STS-B; ``compute_cost_incentive_ocr_zh.txt`` reports MNLI-m
+accuracy, CoLA Matthews correlation and STS-B Pearson / Spearman): ``"mcc"``, ``"pearson"``,
+``"spearman"`` are metric names of :func:`bootstrap_ci`, :func:`paired_bootstrap_ci` and
+:func:`compare_predictions` (paired bootstrap, :data:`TASK_METRICS`).
+
 plus calibration (Guo et al. 2017, "On Calibration of Modern Neural Networks"):
 :func:`expected_calibration_error`, :func:`reliability_diagram`, :func:`fit_temperature`.
 
@@ -57,7 +62,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -67,6 +72,7 @@ from scipy import stats as sps
 __all__ = [
     "CI",
     "DEFAULT_MIN_EFFECT",
+    "TASK_METRICS",
     "AUCResult",
     "BootstrapCI",
     "DeLongTest",
@@ -99,7 +105,17 @@ __all__ = [
 ]
 
 # §9.10: "effect size exceeds a pre-declared minimum (e.g. |ΔAUC| ≥ 0.002 or |ΔAcc| ≥ 0.005)".
-DEFAULT_MIN_EFFECT: Mapping[str, float] = {"accuracy": 0.005, "auc": 0.002}
+# MCC and correlations (our choice, the paper names none) live on [−1, 1], twice the range of
+# accuracy: for a balanced binary task with symmetric errors MCC = 2·acc − 1, so ΔMCC = 0.01
+# is the paper's ΔAcc = 0.005; Pearson / Spearman take the same 0.01 on the same scale.
+DEFAULT_MIN_EFFECT: Mapping[str, float] = {"accuracy": 0.005, "auc": 0.002, "mcc": 0.01,
+                                           "pearson": 0.01, "spearman": 0.01}
+
+# The metrics :func:`compare_predictions` compares, by task. Classification: accuracy (McNemar),
+# AUC (DeLong, binary only), MCC (paired bootstrap); regression: Pearson and Spearman (paired
+# bootstrap). Callers choose (``metrics=``); the default stays accuracy + AUC.
+TASK_METRICS: Mapping[str, tuple[str, ...]] = {"classification": ("accuracy", "auc", "mcc"),
+                                               "regression": ("pearson", "spearman")}
 
 # Wikipedia "McNemar's test": when b + c < 25 the χ² approximation is poor; use the exact test.
 MCNEMAR_EXACT_BELOW = 25
@@ -304,7 +320,81 @@ def _row_metric(metric: Metric, y: np.ndarray, x: np.ndarray, vectorized: bool
         _check_finite("scores", s)
         f = _auc_by_weights(yb, s)
         return float(f(np.arange(n)[None])[0]), f
-    raise ValueError(f"unknown metric {metric!r}: use 'accuracy', 'auc' or a callable")
+    if metric == "mcc":
+        return _mcc_rows(y, x)
+    if metric in ("pearson", "spearman"):
+        return _correlation_rows(metric, y, x)
+    raise ValueError(f"unknown metric {metric!r}: use 'accuracy', 'auc', 'mcc', 'pearson', "
+                     "'spearman' or a callable")
+
+
+def _mcc_rows(y: np.ndarray, x: np.ndarray) -> tuple[float, Callable[[np.ndarray], np.ndarray]]:
+    """Matthews correlation (multiclass: Gorodkin's R_K, as sklearn) of each resample row.
+
+    Point estimate from ``sklearn.metrics.matthews_corrcoef``; the rows use the same formula on
+    one confusion matrix per row (one bincount over the chunk, no per-row Python loop):
+    MCC = (c·s − Σ_k p_k t_k) / √((s² − Σ p_k²)(s² − Σ t_k²)), c correct, s total, p_k / t_k
+    predicted / true counts of class k; 0 where the denominator is 0 (sklearn's convention).
+    Tests cross-check the rows against sklearn.
+    """
+    from sklearn.metrics import matthews_corrcoef
+
+    classes, codes = np.unique(np.concatenate([y, x]), return_inverse=True)
+    C = len(classes)
+    yc, xc = codes[: y.size], codes[y.size :]
+    cell = (yc * C + xc).astype(np.int64)  # (n,) confusion-matrix cell of each example
+
+    def rows(idx: np.ndarray) -> np.ndarray:
+        k = idx.shape[0]
+        flat = (np.arange(k)[:, None] * (C * C) + cell[idx]).ravel()
+        cm = np.bincount(flat, minlength=k * C * C).reshape(k, C, C).astype(float)
+        t, p = cm.sum(2), cm.sum(1)  # (k, C) true / predicted counts
+        c = np.trace(cm, axis1=1, axis2=2)
+        total = t.sum(1)
+        num = c * total - (p * t).sum(1)
+        den = np.sqrt((total**2 - (p**2).sum(1)) * (total**2 - (t**2).sum(1)))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+
+    return float(matthews_corrcoef(y, x)), rows
+
+
+def _correlation_rows(metric: str, y: np.ndarray, x: np.ndarray
+                      ) -> tuple[float, Callable[[np.ndarray], np.ndarray]]:
+    """Pearson r, or Spearman ρ (Pearson of mid-ranks, as scipy), of each resample row.
+
+    Point estimate from ``scipy.stats.pearsonr`` / ``spearmanr``; the rows from
+    ``pearsonr(..., axis=1)`` on the (k, n) resampled pairs (ranked first with
+    ``rankdata(axis=1)`` for Spearman: ties of repeated examples get mid-ranks, like
+    ``spearmanr``). A resample whose predictions (or labels) are all equal has no correlation:
+    NaN, dropped by :func:`_valid_columns`. A constant input overall raises ValueError.
+    """
+    yf, xf = np.asarray(y, dtype=float), np.asarray(x, dtype=float)
+    if yf.ndim != 1 or xf.ndim != 1:
+        raise ValueError(f"{metric} needs 1-D labels and predictions, got shapes {yf.shape} "
+                         f"and {xf.shape}")
+    _check_finite("y_true", yf)
+    _check_finite("predictions", xf)
+    for name, a in (("y_true", yf), ("predictions", xf)):
+        if np.ptp(a) == 0:
+            raise ValueError(f"{metric} correlation is undefined: {name} is constant "
+                             f"(all {a[0]:g})")
+    if yf.size < 3:
+        raise ValueError(f"{metric} correlation needs at least 3 examples, got {yf.size}")
+    est = sps.pearsonr(yf, xf) if metric == "pearson" else sps.spearmanr(yf, xf)
+    spearman = metric == "spearman"
+
+    def rows(idx: np.ndarray) -> np.ndarray:
+        a, b = yf[idx], xf[idx]  # (k, n)
+        if spearman:
+            a, b = sps.rankdata(a, axis=1), sps.rankdata(b, axis=1)
+        const = (np.ptp(a, axis=1) == 0) | (np.ptp(b, axis=1) == 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # constant rows: NaN, counted by _valid_columns
+            r = np.asarray(sps.pearsonr(a, b, axis=1).statistic, dtype=float)
+        return np.where(const, np.nan, r)
+
+    return float(est.statistic), rows
 
 
 def _bootstrap_distributions(
@@ -843,6 +933,7 @@ def compare_predictions(
     n_resamples: int = 10_000,
     seed: SeedLike = 0,
     adjust: bool = True,
+    metrics: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Compare every model against ``reference`` on the same examples (§9.4–9.10).
 
@@ -863,7 +954,20 @@ def compare_predictions(
     ``claim`` (:func:`apply_decision_rule`, Holm over the whole returned family; with
     ``adjust=False`` they are left out so a caller can pool several calls first).
     ``ci95`` is the 95 % interval whatever ``alpha``; ``noninferior`` uses the (1 − α) one.
+
+    ``metrics``: which of accuracy, auc, mcc, pearson, spearman to compare, in that order per
+    label (default ``("accuracy", "auc")``; :data:`TASK_METRICS` lists them by task). MCC
+    (on ``y_pred`` classes) and Pearson / Spearman (on ``y_pred`` real-valued predictions of
+    a regression) have no classical paired test: ``test="bootstrap"``, ``ci95`` and ``p`` from
+    the paired percentile bootstrap (:func:`paired_bootstrap_ci`); the correlations add
+    ``effect.cohens_q`` = atanh r_A − atanh r_B (Cohen's q: 0.1 / 0.3 / 0.5 small / medium /
+    large). A correlation undefined for a model (constant predictions) raises ValueError.
     """
+    metrics = ("accuracy", "auc") if metrics is None else tuple(metrics)
+    known = ("accuracy", "auc", "mcc", "pearson", "spearman")
+    for m in metrics:
+        if m not in known:
+            raise ValueError(f"metrics: unknown metric {m!r}; choose from {', '.join(known)}")
     if reference not in preds:
         raise ValueError(f"reference {reference!r} not among the labels {sorted(preds)}")
     ref = preds[reference]
@@ -879,13 +983,20 @@ def compare_predictions(
             raise ValueError(f"{label!r} and {reference!r} were scored on different examples "
                              "(y_true differs); paired comparisons need the same examples")
         pa, pb = np.asarray(p["y_pred"]), np.asarray(ref["y_pred"])
-        out.append(_compare_accuracy(label, reference, y, pa, pb, alpha, margin,
-                                     n_resamples, rng))
-        if p.get("scores") is not None and ref.get("scores") is not None:
-            sa, sb = _positive_scores(p["scores"]), _positive_scores(ref["scores"])
-            if sa is not None and sb is not None:
-                out.append(_compare_auc(label, reference, y, sa, sb, alpha, margin,
-                                        n_resamples, rng))
+        for m in metrics:
+            if m == "accuracy":
+                out.append(_compare_accuracy(label, reference, y, pa, pb, alpha, margin,
+                                             n_resamples, rng))
+            elif m == "auc":
+                if p.get("scores") is None or ref.get("scores") is None:
+                    continue
+                sa, sb = _positive_scores(p["scores"]), _positive_scores(ref["scores"])
+                if sa is not None and sb is not None:
+                    out.append(_compare_auc(label, reference, y, sa, sb, alpha, margin,
+                                            n_resamples, rng))
+            else:
+                out.append(_compare_bootstrap(m, label, reference, y, pa, pb, alpha, margin,
+                                              n_resamples, rng))
     if adjust:
         apply_decision_rule(out, alpha, min_effect)
     return out
@@ -929,4 +1040,25 @@ def _compare_auc(a, b, y, sa, sb, alpha, margin, n_resamples, rng) -> dict[str, 
         "effect": {"cohens_h": None, "delta": res["diff"]},
         "value_a": float(auc[0]), "value_b": float(auc[1]), "n": int(y.size),
         "margin": delta, "noninferior": bool(lower > -delta),
+    }
+
+
+def _compare_bootstrap(metric, a, b, y, xa, xb, alpha, margin, n_resamples, rng
+                       ) -> dict[str, Any]:
+    """Paired percentile bootstrap of Δ = metric(A) − metric(B) (MCC, Pearson, Spearman)."""
+    (ea, eb), dist = _bootstrap_distributions(y, [xa, xb], metric, n_resamples, rng, True)
+    dist = _valid_columns(dist, metric)
+    r = _paired_from_dist(ea, eb, dist, 0.05)
+    delta = _by_metric(margin, metric, {metric: 0.01})
+    effect: dict[str, Any] = {"cohens_h": None, "delta": r.estimate}
+    if metric in ("pearson", "spearman"):
+        # atanh(±1) is infinite: a perfect correlation gets the largest finite q
+        clip = np.nextafter(1.0, 0.0)
+        effect["cohens_q"] = float(np.arctanh(np.clip(ea, -clip, clip))
+                                   - np.arctanh(np.clip(eb, -clip, clip)))
+    return {
+        "a": a, "b": b, "metric": metric, "diff": r.estimate, "ci95": [r.low, r.high],
+        "test": "bootstrap", "p": r.pvalue, "effect": effect,
+        "value_a": ea, "value_b": eb, "n": int(y.size), "margin": delta,
+        "noninferior": bool(_quantiles(dist[0] - dist[1], alpha)[0] > -delta),
     }

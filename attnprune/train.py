@@ -1,9 +1,13 @@
-"""One fine-tuning loop for sequence classification, on HF ``accelerate``.
+"""One fine-tuning loop for sequence classification and regression, on HF ``accelerate``.
 
-    loss = (1 − α)·CE(y, z) + α·τ²·KL(softmax(z_T/τ) ‖ softmax(z/τ)) + aux          (α = distill_weight)
+    classification:  loss = (1 − α)·CE(y, z) + α·τ²·KL(softmax(z_T/τ) ‖ softmax(z/τ)) + aux
+    regression:      loss = (1 − α)·MSE(y, z) + α·MSE(z_T, z) + aux          (α = distill_weight)
 
 z are the (patched) model's logits, z_T a frozen teacher's (e.g. the full fine-tuned model,
-Hinton et al. 2015 distillation; off by default), ``aux = attnprune.aux_loss(model)`` the
+Hinton et al. 2015 distillation; off by default). A model with one output (HF's
+``num_labels=1``) is a regression: its target is a real number, so the task loss is the squared
+error (HF's own choice for that head) and distillation matches the teacher's output directly
+(there is no distribution to soften: τ is unused). ``aux = attnprune.aux_loss(model)`` the
 method's auxiliary losses of that forward (entropy-head CE, Gumbel budget, LTP sparsity,
 attention/cost penalties), so any registered method — token, attention or loss kind — trains
 with the same loop. AdamW with linear warm-up and linear decay
@@ -25,21 +29,34 @@ __all__ = ["fit"]
 
 def _loss(model: nn.Module, batch: dict, teacher: nn.Module | None, alpha: float,
           tau: float) -> tuple[torch.Tensor, dict]:
+    from accelerate.utils import extract_model_from_parallel
+
     from . import api
 
-    inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask")}
+    # token_type_ids: the segment of each token of a sentence pair (BERT adds its embedding)
+    inputs = {k: v for k, v in batch.items()
+              if k in ("input_ids", "attention_mask", "token_type_ids")}
     out = model(**inputs, labels=batch["labels"])
-    task = F.cross_entropy(out.logits, batch["labels"])
+    regression = out.logits.shape[-1] == 1
+    if regression:
+        task = F.mse_loss(out.logits.squeeze(-1).float(), batch["labels"].float())
+    else:
+        task = F.cross_entropy(out.logits, batch["labels"])
     loss = task
     logs = {"task": float(task.detach())}
     if teacher is not None and alpha > 0:
         with torch.no_grad():
             zt = teacher(**inputs).logits
-        kd = F.kl_div(F.log_softmax(out.logits / tau, -1), F.log_softmax(zt / tau, -1),
-                      reduction="batchmean", log_target=True) * tau**2
+        if regression:
+            kd = F.mse_loss(out.logits.float(), zt.float())
+        else:
+            kd = F.kl_div(F.log_softmax(out.logits / tau, -1), F.log_softmax(zt / tau, -1),
+                          reduction="batchmean", log_target=True) * tau**2
         loss = (1 - alpha) * task + alpha * kd
         logs["distill"] = float(kd.detach())
-    aux = api.aux_loss(model)
+    # the patch state sits on the model itself, not on a DDP (or other) wrapper around it,
+    # where it would read as "no auxiliary loss"
+    aux = api.aux_loss(extract_model_from_parallel(model))
     if aux is not None:
         loss = loss + aux
         logs["aux"] = float(aux.detach())
@@ -65,7 +82,8 @@ def fit(
     mixed_precision: str = "no",
 ) -> list[dict]:
     """Fine-tune ``model`` on ``train_loader`` (a DataLoader of dicts with input_ids,
-    attention_mask, labels); returns one log dict per epoch (mean losses, plus whatever
+    attention_mask, labels and, for sentence pairs, token_type_ids; float labels and one model
+    output for a regression); returns one log dict per epoch (mean losses, plus whatever
     ``on_epoch_end(epoch, model)`` returns, e.g. validation metrics).
 
     Bias and LayerNorm weights get no weight decay (the BERT recipe). The method's modules,
@@ -73,6 +91,7 @@ def fit(
     ("no", "bf16", or "auto" = bf16 on a CUDA GPU, fp32 on CPU) goes to ``accelerate``.
     """
     from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
     from tqdm.auto import tqdm
     from transformers import get_linear_schedule_with_warmup
 
@@ -85,8 +104,12 @@ def fit(
         raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'auto', got {mixed_precision!r}")
     if mixed_precision == "auto":
         mixed_precision = "bf16" if torch.cuda.is_available() else "no"
+    # several processes (DDP): some methods hold parameters that this loop does not train
+    # (DTR's policy learns by REINFORCE in the causal host only), which DDP refuses unless told
+    # to look for unused parameters; their gradients stay None, as in one process
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=True)
     acc = Accelerator(gradient_accumulation_steps=grad_accum, cpu=not torch.cuda.is_available(),
-                      mixed_precision=mixed_precision)
+                      mixed_precision=mixed_precision, kwargs_handlers=[ddp])
     decay, no_decay = [], []
     for n, p in model.named_parameters():
         if p.requires_grad:
@@ -104,8 +127,8 @@ def fit(
         model.train()
         sums: dict[str, float] = {}
         n = 0
-        bar = tqdm(train_loader, desc=f"{desc} epoch {epoch}/{epochs}", disable=not progress,
-                   leave=False)
+        bar = tqdm(train_loader, desc=f"{desc} epoch {epoch}/{epochs}", leave=False,
+                   disable=not progress or not acc.is_main_process)
         for batch in bar:
             with acc.accumulate(model):
                 loss, logs = _loss(model, batch, teacher, distill_weight, distill_temperature)
@@ -119,6 +142,15 @@ def fit(
             for k, v in logs.items():
                 sums[k] = sums.get(k, 0.0) + v
             bar.set_postfix(loss=f"{sums['task'] / n:.4f}")
+        if acc.num_processes > 1:
+            # each process saw its own batches: log the mean over all of them, the same number
+            # on every process (the union of the loss terms, in case one was off somewhere)
+            from accelerate.utils import gather_object
+
+            keys = sorted(set(gather_object(list(sums))))
+            tot = acc.reduce(torch.tensor([sums.get(k, 0.0) for k in keys] + [n],
+                                          dtype=torch.float64, device=acc.device), reduction="sum")
+            sums, n = dict(zip(keys, tot[:-1].tolist())), int(tot[-1])
         record = {"epoch": epoch, **{f"train_{k}": v / max(n, 1) for k, v in sums.items()}}
         if on_epoch_end is not None:
             model.eval()

@@ -1,7 +1,7 @@
 """Batch-1 latency of attention_mass pruning on MiniLM: wall-time ratio against FLOPs ratio.
 
     HF_HUB_OFFLINE=1 python scripts/bench_batch1.py [--lengths 128,512] [--ratios 0.3,0.5]
-        [--after 1,2] [--repeats 40] [--threads 2]
+        [--after 1,2] [--repeats 40] [--threads 1]
 
 MiniLM-L6 (``attnprune.finetune.load_model("minilm", 2)``, random head: speed only), one row
 of random token ids (no padding, the usual batch-1 serving case) of each length L, patched
@@ -11,7 +11,8 @@ ratio pruned / full timed round-robin in this one process (the same model with t
 switched off, ``state.enabled = False``, is the full side; medians of
 :func:`attnprune.measure.time_interleaved`), and wall / FLOPs: 1.0 means the pruned forward
 saves exactly its share of arithmetic; above 1 is the patch's fixed overhead (scorer, top-k,
-gather, Python per layer) and batch-1 matmuls bound by reading the weights.
+gather, Python per layer) and batch-1 matmuls bound by reading the weights. The load average
+is printed before and after (a shared machine moves every number).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ratios", default="0.3,0.5")
     ap.add_argument("--after", default="1,2")
     ap.add_argument("--repeats", type=int, default=40)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -41,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     model, _ = load_model("minilm", 2)
     model.eval()
-    print(f"MiniLM-L6, batch 1, attention_mass, {args.threads} threads, {args.repeats} "
-          f"interleaved rounds, medians")
+    print(f"MiniLM-L6, batch 1, attention_mass, {args.threads} thread(s), {args.repeats} "
+          f"interleaved rounds, medians; load average {os.getloadavg()}")
     print(f"{'L':>4} {'ρ':>4} {'after':>5} {'FLOPs':>6} {'wall':>6} {'wall/FLOPs':>10} "
           f"{'full ms':>8} {'pruned ms':>9} {'patch µs':>8}")
     g = torch.Generator().manual_seed(0)
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{tp / tf / (fp / ff):10.2f} {tf * 1e3:8.2f} {tp * 1e3:9.2f} "
                       f"{own * 1e6:8.0f}", flush=True)
                 attnprune.unpatch(model)
+    print(f"load average at the end {os.getloadavg()}")
     return 0
 
 

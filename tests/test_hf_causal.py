@@ -21,9 +21,10 @@ def tiny(n_layer: int = 4, seed: int = 0) -> GPT2LMHeadModel:
 
 
 def force_pruning(model, seed: int = 1) -> None:
-    """Random, decisive scorers so that about half the tokens are dropped at each decision."""
+    """Random, decisive scorers so that about half the tokens are dropped at each decision
+    (any patched causal LM: GPT-2 here, the Llama family in test_hf_llama)."""
     g = torch.Generator().manual_seed(seed)
-    m = model.transformer.attnprune_method
+    m = model.base_model.attnprune_method
     with torch.no_grad():
         for name, p in m.named_parameters():
             if name.endswith("w") and p.dim() == 2:  # LTP scorer
@@ -42,7 +43,7 @@ def force_pruning(model, seed: int = 1) -> None:
         was = m.training
         m.eval()
         with torch.no_grad():
-            model(torch.randint(0, 40, (4, 32), generator=g))
+            model(torch.randint(0, model.config.vocab_size, (4, 32), generator=g))
         m.train(was)
         hook.remove()
         with torch.no_grad():
@@ -55,6 +56,84 @@ def patched(method: str, n_layer: int = 4, **kw):
     attnprune.patch(model, method, **kw)
     force_pruning(model)
     return model
+
+
+
+# -- checks shared with test_hf_llama (any patched causal LM, V = its vocabulary) -------------
+def check_dropped_tokens_skip_later_blocks(model, blocks) -> None:
+    V = model.config.vocab_size
+    x = torch.randint(0, V, (2, 32))
+    seen = {}
+    hooks = [b.register_forward_pre_hook(lambda mod, a, i=i: seen.__setitem__(i, a[0].shape[1]))
+             for i, b in enumerate(blocks)]
+    pruned = count_flops(lambda: model(x))
+    kept = attnprune.patch_state(model).stats["kept_per_layer"]
+    for h in hooks:
+        h.remove()
+    assert seen[0] == 32 and min(seen.values()) < 32  # shorter tensors reach later blocks
+    assert kept[0] == 1.0 and min(kept) < 0.9
+    attnprune.patch_state(model).enabled = False
+    full = count_flops(lambda: model(x))
+    assert pruned < 0.95 * full
+
+
+def check_no_leakage_from_the_future(model) -> None:
+    V = model.config.vocab_size
+    x = torch.randint(0, V, (3, 30))
+    for t in (5, 17, 28):
+        a = model(x).logits
+        y = x.clone()
+        y[:, t + 1] = (y[:, t + 1] + 7) % V
+        b = model(y).logits
+        assert (a[:, : t + 1] - b[:, : t + 1]).abs().max() < 1e-5, f"leak at t={t}"
+        assert (a[:, t + 1 :] - b[:, t + 1 :]).abs().max() > 0  # the change is visible later
+
+
+def check_kv_cache_matches_full_recompute(model, n_layers: int = 4) -> None:
+    x = torch.randint(0, model.config.vocab_size, (3, 26))
+    full = model(x).logits
+    assert min(attnprune.patch_state(model).stats["kept_per_layer"]) < 1.0
+    cache = DynamicCache(config=model.config)
+    parts = [model(x[:, :10], past_key_values=cache, use_cache=True).logits]
+    for t in range(10, 26):
+        parts.append(model(x[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
+    assert (torch.cat(parts, 1) - full).abs().max() < 1e-4
+    lengths = [cache.get_seq_length(l) for l in range(n_layers)]
+    assert lengths[0] == 26 and min(lengths) < 26  # pruned blocks cached fewer keys
+
+
+def check_gradients_reach_thresholds(model) -> None:
+    model.train()
+    x = torch.randint(0, model.config.vocab_size, (2, 20))
+    out = model(x, labels=x)
+    aux = attnprune.aux_loss(model)
+    assert aux is not None
+    (out.loss + aux).backward()
+    m = model.base_model.attnprune_method
+    assert m.tau.grad is not None and m.tau.grad.abs().sum() > 0
+    assert m.w.grad.abs().sum() > 0
+
+
+def check_gradients_reach_the_policy(model, method: str) -> None:
+    model.train()
+    x = torch.randint(0, model.config.vocab_size, (4, 20))
+    out = model(x, labels=x)
+    aux = attnprune.aux_loss(model)
+    assert aux is not None and torch.isfinite(aux)
+    (out.loss + aux).backward()
+    m = model.base_model.attnprune_method
+    dtr = m.dtr if method == "hybrid" else m
+    grads = [p.grad for p in dtr.parameters()]
+    assert all(g is not None for g in grads) and sum(g.abs().sum() for g in grads) > 0
+
+
+def check_padding_mask_matches_unpadded_rows(model) -> None:
+    x = torch.randint(0, model.config.vocab_size, (2, 20))
+    mask = torch.ones(2, 20, dtype=torch.long)
+    mask[1, 15:] = 0  # right padding of row 1
+    a = model(x, attention_mask=mask).logits
+    b = model(x[1:, :15]).logits
+    assert (a[1, :15] - b[0]).abs().max() < 1e-5
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -84,19 +163,7 @@ def test_keeping_every_token_equals_stock():
 @pytest.mark.parametrize("method", METHODS)
 def test_dropped_tokens_skip_later_layers(method):
     model = patched(method)
-    x = torch.randint(0, 40, (2, 32))
-    seen = {}
-    hooks = [b.register_forward_pre_hook(lambda mod, a, i=i: seen.__setitem__(i, a[0].shape[1]))
-             for i, b in enumerate(model.transformer.h)]
-    pruned = count_flops(lambda: model(x))
-    kept = attnprune.patch_state(model).stats["kept_per_layer"]
-    for h in hooks:
-        h.remove()
-    assert seen[0] == 32 and min(seen.values()) < 32  # shorter tensors reach later blocks
-    assert kept[0] == 1.0 and min(kept) < 0.9
-    attnprune.patch_state(model).enabled = False
-    full = count_flops(lambda: model(x))
-    assert pruned < 0.95 * full
+    check_dropped_tokens_skip_later_blocks(model, model.transformer.h)
 
 
 # DTR samples its actions in training (a stochastic policy); in hybrid stage 2 it is frozen.
@@ -105,29 +172,12 @@ def test_dropped_tokens_skip_later_layers(method):
 def test_no_leakage_from_the_future(method, training):
     model = patched(method)
     model.train(training)
-    x = torch.randint(0, 40, (3, 30))
-    for t in (5, 17, 28):
-        a = model(x).logits
-        y = x.clone()
-        y[:, t + 1] = (y[:, t + 1] + 7) % 40
-        b = model(y).logits
-        assert (a[:, : t + 1] - b[:, : t + 1]).abs().max() < 1e-5, f"leak at t={t}"
-        assert (a[:, t + 1 :] - b[:, t + 1 :]).abs().max() > 0  # the change is visible later
+    check_no_leakage_from_the_future(model)
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_kv_cache_matches_full_recompute(method):
-    model = patched(method)
-    x = torch.randint(0, 40, (3, 26))
-    full = model(x).logits
-    assert min(attnprune.patch_state(model).stats["kept_per_layer"]) < 1.0
-    cache = DynamicCache(config=model.config)
-    parts = [model(x[:, :10], past_key_values=cache, use_cache=True).logits]
-    for t in range(10, 26):
-        parts.append(model(x[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
-    assert (torch.cat(parts, 1) - full).abs().max() < 1e-4
-    lengths = [cache.get_seq_length(l) for l in range(4)]
-    assert lengths[0] == 26 and min(lengths) < 26  # pruned blocks cached fewer keys
+    check_kv_cache_matches_full_recompute(patched(method))
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -140,31 +190,12 @@ def test_generation_same_with_and_without_cache(method):
 
 
 def test_gradients_reach_thresholds():
-    model = patched("ltp")
-    model.train()
-    x = torch.randint(0, 40, (2, 20))
-    out = model(x, labels=x)
-    aux = attnprune.aux_loss(model)
-    assert aux is not None
-    (out.loss + aux).backward()
-    m = model.transformer.attnprune_method
-    assert m.tau.grad is not None and m.tau.grad.abs().sum() > 0
-    assert m.w.grad.abs().sum() > 0
+    check_gradients_reach_thresholds(patched("ltp"))
 
 
 @pytest.mark.parametrize("method", ["dtr", "hybrid"])
 def test_gradients_reach_the_policy(method):
-    model = patched(method, **({"stage": 1} if method == "hybrid" else {}))
-    model.train()
-    x = torch.randint(0, 40, (4, 20))
-    out = model(x, labels=x)
-    aux = attnprune.aux_loss(model)
-    assert aux is not None and torch.isfinite(aux)
-    (out.loss + aux).backward()
-    m = model.transformer.attnprune_method
-    dtr = m.dtr if method == "hybrid" else m
-    grads = [p.grad for p in dtr.parameters()]
-    assert all(g is not None for g in grads) and sum(g.abs().sum() for g in grads) > 0
+    check_gradients_reach_the_policy(patched(method, **({"stage": 1} if method == "hybrid" else {})), method)
 
 
 def test_non_causal_methods_are_refused():
@@ -181,13 +212,7 @@ def test_bad_options_name_the_field(bad):
 
 
 def test_padding_mask_matches_unpadded_rows():
-    model = patched("ltp")
-    x = torch.randint(0, 40, (2, 20))
-    mask = torch.ones(2, 20, dtype=torch.long)
-    mask[1, 15:] = 0  # right padding of row 1
-    a = model(x, attention_mask=mask).logits
-    b = model(x[1:, :15]).logits
-    assert (a[1, :15] - b[0]).abs().max() < 1e-5
+    check_padding_mask_matches_unpadded_rows(patched("ltp"))
 
 
 def test_reinforce_raises_the_log_prob_of_better_sequences():

@@ -138,6 +138,9 @@ def test_pareto_end_to_end_and_resume(tiny, tmp_path, capsys):  # noqa: F811
         assert fl["attention_mass@0.5/L1"] < 1
         assert s["points"]["attention_mass@0.5/L1"]["vs_layer_drop"]["b"].startswith("layers=")
         assert all("p_holm" in c for c in s["comparisons"])
+        # the points' own records carry the Holm-adjusted p of their comparisons (the table's)
+        assert all(e["vs_full"]["p_holm"] >= e["vs_full"]["p"] for k, e in s["points"].items()
+                   if k != "full")
         assert (out / "pareto.png").is_file() and (out / "pareto.md").is_file()
         # fair batches: length-sorted, so they carry (almost) no padding
         t = json.loads((out / "timing.json").read_text())["batch_sizes"]["4"]

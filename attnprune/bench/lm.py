@@ -114,7 +114,7 @@ def bench_lm(cfg: BenchLMConfig, out: Path, exact: bool = False) -> Path:
             _set_enabled(model, True)
             f_pr = count_flops(fwd)
             t_full, t_pr = paired_timing(model, fwd, cfg.repeats, rounds=3, warmup=cfg.warmup)
-        per_layer = _layer_flops(per, model.config.n_layer)
+        per_layer = _layer_flops(per, model.config.num_hidden_layers)  # GPT-2 and Llama configs
         kept = ev["kept_per_layer"] or [1.0] * len(per_layer)
         eff = f_full - sum(per_layer) + sum(f * k for f, k in zip(per_layer, kept))
         rows.append({"length": T, "batch": cfg.batch_size, "windows": len(x),

@@ -95,8 +95,9 @@ def quantize_int8(model: nn.Module, *, inplace: bool = False, backend: str = "au
 
 
 def _quantizable(name: str, module: nn.Module) -> bool:
-    """A plain ``nn.Linear`` outside the method's own submodule."""
-    return type(module) is nn.Linear and _METHOD not in name.split(".")
+    """A plain ``nn.Linear`` outside the method's own submodule(s) (``attnprune_method``, and
+    ``attnprune_method_2`` of a stacked patch)."""
+    return type(module) is nn.Linear and not any(p.startswith(_METHOD) for p in name.split("."))
 
 
 def _is_conv1d(module: nn.Module) -> bool:

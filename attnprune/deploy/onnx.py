@@ -6,26 +6,26 @@ the kept tokens into a shorter tensor exactly as the PyTorch host does, so onnxr
 the same reduced work. Named after ``torch.onnx.export`` (and Optimum's ``export_onnx``):
 a model, a file path, example inputs.
 
-What makes a pruned forward exportable is that every tensor shape is a function of the input
-shapes, never of the values. While traced, the host (:mod:`attnprune.hosts.hf_encoder`, see
-``_tracing``) sizes each gather by K = ⌊ρ·K_prev⌋, the largest kept count any row can have
-(a row with fewer real tokens is padded and masked, as in the eager padded batch), and skips
-what reads counts back from the data (statistics, row bucketing, ``.item()``).
-That holds for methods whose kept count is k = ⌊ρ·n⌋ at inference:
+How a pruned forward exports: while traced, the encoder host (:mod:`attnprune.hosts.hf_encoder`,
+``_tracing``) sizes each gather by the batch's largest kept count read with ``.item()``, which
+torch.export records as a data-dependent size (an unbacked SymInt) and ONNX computes in the
+graph (ReduceMax → Slice). So the graph keeps exactly what the eager forward keeps, CLS and
+separators included (they may outnumber ⌊ρ·n⌋ on short pairs), and the kept count may depend
+on the values: every token method of the encoder host exports with the same logits.
 
-* ``attention_mass``, ``entropy``: exported; the same kept tokens and logits as PyTorch.
-* ``entropy_gumbel``: its Gumbel noise and soft gate exist in training only; at inference it
-  is a hard top-k of the gate logits, so the eval model exports.
-* ``random``: exports (``torch.rand`` becomes ONNX ``RandomUniformLike``) with the same
-  shapes and kept counts, but onnxruntime draws other random numbers than torch: the kept
-  tokens, hence the logits, differ. Parity cannot be checked; it is a control, not a model
-  to deploy.
+* ``attention_mass``, ``entropy``, ``entropy_gumbel`` (a hard top-k of its gate at inference):
+  fixed budgets k = ⌊ρ·n⌋ (ρ enters the graph as a float64 constant:
+  :func:`attnprune.selection.budget`).
+* ``entropy_threshold``, ``ltp`` (learned thresholds), ``dtr`` (π ≥ 0.5), ``hybrid``: the kept
+  count depends on the scores; the graph computes it the same way.
+* ``random``: exports (``torch.rand`` becomes ``RandomUniformLike``), but onnxruntime draws
+  other numbers than torch, so its kept tokens and logits differ: a control, not a model to
+  deploy; ``verify`` skips it.
 
-Refused with a ValueError (:data:`NOT_EXPORTABLE` says why): methods whose kept count depends
-on the values (LTP's learned thresholds, ``entropy_threshold``, DTR's policy, ``hybrid``),
-so K would be a data-dependent size that no shape formula bounds without keeping every
-token; and the attention-level methods (``crisp``, ``intensity``), which run as custom
-attention functions and have not been checked here.
+Refused with a ValueError (:func:`_check_exportable` says why): patches of other hosts (the
+causal LMs: GPT-2 / Llama, whose serving path is ``generate`` with a KV cache, not one graph
+call), the attention-level methods ``crisp`` and ``intensity`` (custom attention functions
+whose export has not been checked here) and stacked patches.
 
 One translation is added: ``torch.sort(..., stable=True)`` (top-k ties broken by position,
 :func:`attnprune.selection.topk_keep`) has no ONNX function in torch 2.13's table; ONNX
@@ -41,18 +41,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["EXPORTABLE", "NOT_EXPORTABLE", "export_onnx", "onnx_session", "run_onnx"]
-
-# Token methods whose inference-time kept count is ⌊ρ·n⌋ (shapes follow the input shape).
-EXPORTABLE = ("attention_mass", "entropy", "entropy_gumbel", "random")
-NOT_EXPORTABLE = {
-    "ltp": "learned thresholds keep a data-dependent number of tokens",
-    "entropy_threshold": "an entropy threshold keeps a data-dependent number of tokens",
-    "dtr": "the policy keeps tokens with π ≥ 0.5: a data-dependent number",
-    "hybrid": "DTR's policy and LTP's thresholds keep a data-dependent number of tokens",
-    "ltp_causal": "a causal-LM method with learned thresholds (data-dependent counts)",
-}
-
+__all__ = ["export_onnx", "onnx_session", "run_onnx"]
 
 def _sort_stable(self, *, stable=None, dim: int = -1, descending: bool = False):
     """ONNX for ``aten.sort.stable``: TopK with k = the axis length, ties to the lower index."""
@@ -63,56 +52,26 @@ def _sort_stable(self, *, stable=None, dim: int = -1, descending: bool = False):
     return values, indices
 
 
-def _check_exportable(model: nn.Module, max_length: int) -> None:
-    """ValueError unless ``model`` is stock or patched by hf_encoder with a fixed-budget method."""
+def _check_exportable(model: nn.Module) -> None:
+    """ValueError unless ``model`` is stock or patched by the encoder host with a token method."""
     from ..api import patch_state
-    from ..hosts.hf_encoder import HFEncoderState, _static_budget
-    from ..selection import budget
+    from ..hosts.hf_encoder import HFEncoderState
 
     state = patch_state(model)
-    if state is None:
+    if state is None or isinstance(state, HFEncoderState):
         return
-    name = state.method
-    if name in NOT_EXPORTABLE:
-        raise ValueError(f"method: {name!r} cannot be exported to ONNX: "
-                         f"{NOT_EXPORTABLE[name]}, so the pruned length is not a function of "
-                         f"the input length. Exportable: {', '.join(EXPORTABLE)}")
-    if name not in EXPORTABLE or not isinstance(state, HFEncoderState):
-        raise ValueError(f"method: export_onnx supports the token methods "
-                         f"{', '.join(EXPORTABLE)} on BERT-like encoders (hf_encoder host), "
-                         f"got {name!r} ({type(state).__name__})")
-    # The graph sizes each gather by integer arithmetic (_static_budget); it must equal the
-    # eager budget ⌊ρ·n⌋ at every length the graph will see, else a kept token is cut.
-    prev = 1.0
-    for r in state.schedule[:-1]:
-        if r < prev - 1e-12:
-            rho = r / prev
-            for n in range(1, max_length + 1):
-                if _static_budget(n, rho) != int(budget(n, rho)):
-                    raise ValueError(f"keep_ratio: step ρ = {rho!r} has no exact fraction "
-                                     f"p/q with q ≤ 65536 (⌊{n}·ρ⌋ differs); use a ratio "
-                                     f"such as 0.3 or 0.5")
-        prev = r
-
-
-def _shortest(model: nn.Module, length: int) -> int:
-    """The traced length of the last pruned layer for an input ``length`` tokens wide."""
-    from ..api import patch_state
-    from ..hosts.hf_encoder import _static_budget
-
-    state = patch_state(model)
-    prev, k = 1.0, length
-    for r in getattr(state, "schedule", (1.0,))[:-1]:
-        if r < prev - 1e-12:
-            k = _static_budget(k, r / prev)
-        prev = r
-    return k
+    name = getattr(state, "method", None) or type(state).__name__
+    raise ValueError(f"method: export_onnx supports stock encoders and token methods on "
+                     f"BERT-like encoders (the hf_encoder host); got {name!r} "
+                     f"({type(state).__name__}): causal LMs, attention-level methods and "
+                     f"stacked patches are not exported")
 
 
 def export_onnx(model: nn.Module, path: str | os.PathLike, example: dict | None = None, *,
                 max_length: int | None = None, dynamic: bool = True,
                 verify: bool = True, atol: float = 1e-4) -> Path:
-    """Export ``model`` (stock, or patched with a fixed-budget token method) to ONNX at ``path``.
+    """Export ``model`` (stock, or patched with a token method of the encoder host) to ONNX at
+    ``path``.
 
     ``example``: keyword inputs of the model used to trace (default: 2 rows × 32 random
     token ids with an all-ones ``attention_mask``); their names become the graph's inputs and
@@ -131,11 +90,9 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: dict | None 
         max_length = int(getattr(cfg, "max_position_embeddings", 512))
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
         raise ValueError(f"max_length must be an integer ≥ 2, got {max_length!r}")
-    _check_exportable(model, max_length)
+    _check_exportable(model)
     if example is None:
         length = min(32, max_length)
-        while _shortest(model, length) < 2 and length < max_length:
-            length = min(2 * length, max_length)
         g = torch.Generator().manual_seed(0)
         vocab = int(getattr(cfg, "vocab_size", 1000))
         ids = torch.randint(min(5, vocab - 1), vocab, (2, length), generator=g)
@@ -146,12 +103,9 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: dict | None 
     for k, v in example.items():
         if not isinstance(v, torch.Tensor) or v.dim() != 2:
             raise ValueError(f"example[{k!r}] must be a (batch, length) tensor")
-    length = next(iter(example.values())).shape[1]
-    if _shortest(model, length) < 2:
-        # Traced at K = 1, the stock layers take size-1 branches (HF's SDPA is_causal test
-        # on q_length > 1) and the graph would hold only for that case.
-        raise ValueError(f"example: length {length} leaves a single token after pruning; "
-                         f"trace with a longer example (the graph then takes any length)")
+    if next(iter(example.values())).shape[1] < 2:
+        raise ValueError("example: trace with at least 2 tokens per row (the graph then "
+                         "takes any length from 2 to max_length)")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     names = list(example)

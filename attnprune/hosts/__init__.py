@@ -31,6 +31,11 @@ class PatchState:
         self.modules = modules  # the method's nn.Module(s), registered on the model
         self.aux_losses: list[torch.Tensor] = []
         self.stats: dict = {}  # per-forward statistics (kept counts per layer, ...)
+        # set by ``attnprune.patch``: the name and options it was called with and the method's
+        # kind (the recipe ``attnprune.save_pretrained`` writes and ``from_pretrained`` replays)
+        self.requested: str = method
+        self.options: dict = {}
+        self.kind: str | None = None
 
     def unpatch(self, model: nn.Module) -> None:
         raise NotImplementedError
@@ -53,6 +58,27 @@ def remove_state_hooks(model: nn.Module, state: PatchState) -> None:
             for key in [k for k, h in hooks.items()
                         if isinstance(h, partial) and any(a is state for a in h.args)]:
                 del hooks[key]
+
+
+METHOD_MODULE = "attnprune_method"  # the submodule name a host gives the method module
+
+
+def add_method_module(owner: nn.Module, module: nn.Module) -> str:
+    """Register ``module`` on ``owner`` as ``attnprune_method`` (trained and saved with the
+    model), or ``attnprune_method_2``, … when a stacked patch already holds that name (a token
+    and an attention method on one BERT both live on the top model). Returns the name."""
+    name, i = METHOD_MODULE, 2
+    while name in owner._modules:
+        name, i = f"{METHOD_MODULE}_{i}", i + 1
+    owner.add_module(name, module)
+    return name
+
+
+def remove_method_module(owner: nn.Module, module: nn.Module) -> None:
+    """Remove ``module`` from ``owner``'s submodules, whatever name it got (identity, so a
+    stacked patch's unpatch never removes the other patch's method)."""
+    for name in [n for n, m in owner._modules.items() if m is module]:
+        del owner._modules[name]
 
 
 @dataclass(frozen=True)

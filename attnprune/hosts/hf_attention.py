@@ -1,21 +1,42 @@
-"""Host for attention-level and loss methods on any Hugging Face model with the attention
-interface (transformers ≥ 5: BERT, DistilBERT, MiniLM, RoBERTa, GPT-2, …).
+"""Host for attention-level and loss methods on Hugging Face models (transformers ≥ 5):
+BERT, DistilBERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, ALBERT, MPNet, DeBERTa-v2/v3,
+ModernBERT, GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Phi-3
+(``docs/families_attention.md`` has the table of what is tested).
+
+One generic host reads a table of per-family facts (``FAMILIES``, keyed by
+``config.model_type``): which modules are the self-attention, which linear layer is the FFN's
+W1, whether a fused FFN projection's first half is the activated one, whether the scores come
+through HF's attention interface or need an adapter, and whether layers share one module.
+A family not listed gets the generic defaults; one that cannot be served says why.
 
 How it wires a method in (see ``../shared/HF_NOTES.md``):
-- registers one stateless attention function under the name ``IMPL`` twice, in
-  ``AttentionInterface`` and in ``AttentionMaskInterface`` (with ``sdpa_mask``, so the function
-  receives boolean masks, True = attend, or None), then ``model.set_attn_implementation(IMPL)``;
-  ``unpatch`` restores the previous implementation;
-- finds the self-attention modules (modules with ``scaling`` and ``is_causal`` and a config,
-  cross-attention excluded), numbers them in module order (DistilBERT has no ``layer_idx``) and
-  puts the patch state on each (``module._attnprune_attention``): the registered function
-  finds the state and the layer number from the module it is called with. A global name bound
-  to one state (a closure, a bound method) would be shared by ``copy.deepcopy`` copies of the
-  model, which then ran the original's method state; reached through the module, the state is
-  copied with the model (hooks are ``functools.partial`` over the state for the same reason);
-- methods that need the layer's hidden state (intensity) get it from a forward pre-hook on the
-  attention module; the loss method (cost) gets FFN pre-activations from forward hooks on the
-  FFN's first linear layer;
+- interface families: registers one stateless attention function under the name ``IMPL``
+  twice, in ``AttentionInterface`` and in ``AttentionMaskInterface`` (with ``sdpa_mask``, so
+  the function receives boolean masks, True = attend, or None; sliding windows arrive in that
+  mask), then ``model.set_attn_implementation(IMPL)``; ``unpatch`` restores the previous one;
+- own-forward families (MPNet, DeBERTa-v2: scores, position terms and softmax in one forward):
+  an adapter replaces the attention module's forward (instance attribute) and hands q, k, v and
+  the position terms (``bias``) to the same state, so the methods see the scores the family's
+  softmax sees;
+- what the function passes to a method, whatever the family: key/value heads repeated to the
+  query heads (grouped-query attention, :func:`repeat_kv_heads`), the family's ``softcap``
+  (Gemma 2) and additive ``bias`` (MPNet, DeBERTa), the queries' ``positions`` when the model
+  passes position ids;
+- finds the self-attention modules (the family's class names, else modules with ``scaling``
+  and ``is_causal`` and a config, cross-attention excluded), numbers them in module order
+  (DistilBERT has no ``layer_idx``) and puts the patch state on each
+  (``module._attnprune_attention``): the registered function finds the state from the module
+  it is called with. A global name bound to one state (a closure, a bound method) would be
+  shared by ``copy.deepcopy`` copies of the model, which then ran the original's method state;
+  reached through the module, the state is copied with the model (hooks are
+  ``functools.partial`` over the state, and adapters are methods bound to the module, for the
+  same reason);
+- a forward pre-hook on each attention module says which layer runs now and, for methods that
+  need it (intensity), records its input hidden state. ALBERT runs one module at every depth:
+  the runs are numbered in call order, so per-layer method settings (crisp's sparsity list and
+  adaptive schedule, intensity's predictors, cost's terms) are per depth, never shared by
+  accident between depths that share weights;
+- the loss method (cost) gets FFN pre-activations from forward hooks on the FFN's first layer;
 - a forward pre-hook on the model clears ``aux_losses`` and ``stats`` and records the 2-D
   ``attention_mask`` (real tokens) for the losses' means.
 
@@ -29,22 +50,28 @@ removes it.
 
 Contract of a method of kind "attention" or "loss" served here: an ``nn.Module`` with
 ``attend(module, query, key, value, mask, *, dropout, scaling, layer, hidden, aux, token_mask,
-need_weights) -> (out (B, Tq, H, d), probs (B, H, Tq, Tk) | None)``; class attribute
-``needs_hidden``; optionally ``ffn_on`` and ``ffn_term(pre_activation, token_mask)``.
+need_weights, softcap, bias, positions) -> (out (B, Tq, H, d), probs (B, H, Tq, Tk) | None)``
+(query, key and value with the same H heads); class attribute ``needs_hidden``; optionally
+``ffn_on`` and ``ffn_term(pre_activation, token_mask)``.
 """
 
 from __future__ import annotations
 
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 from torch import nn
 
 from .. import registry
-from . import PatchState, register_host, remove_state_hooks
+from ..methods.crisp import fused_attention
+from . import PatchState, add_method_module, register_host, remove_method_module, remove_state_hooks
 
 METHOD_ATTR = "attnprune_method"
-# FFN first layers (W1 of eq. 2 in the cost paper), by module-name suffix, per model family
+# FFN first layers (W1 of eq. 2 in the cost paper), by module-name suffix, for a model whose
+# family is not in FAMILIES
 FFN_SUFFIXES = ("intermediate.dense", "ffn.lin1", "mlp.c_fc", "mlp.fc1", "mlp.up_proj")
 # The attention implementation name of every patched model (the function behind it holds no
 # state, so one registration serves every model and every copy, and is never removed).
@@ -52,27 +79,100 @@ IMPL = "attnprune_attention"
 STATE_ATTR = "_attnprune_attention"  # on each numbered attention module: the patch state
 
 
+@dataclass(frozen=True)
+class Family:
+    """Facts about one model family (``config.model_type``) that the generic host reads.
+
+    ``attention``: class names of the self-attention modules; empty = found generically (a
+    module with ``scaling``, ``is_causal`` and ``config``: BERT, GPT-2, Llama, … all have them).
+    ``ffn``: module-name suffixes of the FFN's first layer (W1x + b1 of the cost paper).
+    ``ffn_first_half``: that layer is a fused [activated | linear] projection (Phi-3's
+    ``gate_up_proj``, ModernBERT's ``Wi``): the pre-activation is its first half.
+    ``scores``: ``"interface"`` = the module calls HF's attention interface with
+    (q, k, v, mask, scaling, softcap…); otherwise the name of an adapter in ``ADAPTERS`` that
+    replaces the module's forward for families computing scores in their own forward.
+    ``depth``: for families whose layers share one module (ALBERT), the number of times the
+    shared attention runs per forward; each run is its own layer for the method.
+    ``refused``: why the family cannot be patched (a ValueError says it).
+    """
+
+    attention: tuple[str, ...] = ()
+    ffn: tuple[str, ...] = FFN_SUFFIXES
+    ffn_first_half: bool = False
+    scores: str = "interface"
+    depth: Callable[[object], int] | None = None
+    refused: str | None = None
+
+
+_BERT_FFN = ("intermediate.dense",)
+# SwiGLU / GeGLU decoders: act(gate_proj x) ⊙ up_proj x. The activation (and so the sparsity the
+# cost paper's ReLU(W1x + b1) term asks for) is on gate_proj; up_proj is linear, sign-symmetric.
+_GATED_FFN = ("mlp.gate_proj",)
+FAMILIES: dict[str, Family] = {
+    "bert": Family(ffn=_BERT_FFN),
+    "roberta": Family(ffn=_BERT_FFN),
+    "xlm-roberta": Family(ffn=_BERT_FFN),
+    "camembert": Family(ffn=_BERT_FFN),
+    "electra": Family(ffn=_BERT_FFN),
+    "distilbert": Family(ffn=("ffn.lin1",)),
+    "gpt2": Family(ffn=("mlp.c_fc",)),
+    "llama": Family(ffn=_GATED_FFN),
+    "mistral": Family(ffn=_GATED_FFN),
+    "qwen2": Family(ffn=_GATED_FFN),
+    "qwen3": Family(ffn=_GATED_FFN),
+    "gemma": Family(ffn=_GATED_FFN),
+    "gemma2": Family(ffn=_GATED_FFN),
+    "phi3": Family(ffn=("mlp.gate_up_proj",), ffn_first_half=True),
+    # one AlbertLayer per (group, inner index), run num_hidden_layers times in turn
+    "albert": Family(ffn=("ffn",),
+                     depth=lambda c: c.num_hidden_layers * c.inner_group_num),
+    "mpnet": Family(attention=("MPNetSelfAttention",), ffn=_BERT_FFN, scores="mpnet"),
+    "deberta-v2": Family(attention=("DisentangledSelfAttention",), ffn=_BERT_FFN,
+                         scores="deberta"),
+    # no ``scaling`` attribute (it passes head_dim**-0.5 to the interface), hence the name
+    "modernbert": Family(attention=("ModernBertAttention",), ffn=("mlp.Wi",),
+                         ffn_first_half=True),
+    "deberta": Family(refused=(
+        "DeBERTa v1 computes its scores inside its own forward (a fused in_proj, its own "
+        "c2p/p2c terms, optional talking-head mixing of the scores across heads) and no "
+        "adapter is written for it; DeBERTa-v2/v3 (model_type 'deberta-v2') is supported")),
+}
+
+
+def family(model: nn.Module) -> Family:
+    """The facts of ``model``'s family (the generic defaults for a model type not listed)."""
+    cfg = getattr(model, "config", None)
+    return FAMILIES.get(getattr(cfg, "model_type", None), Family())
+
+
 def attention_modules(model: nn.Module) -> list[nn.Module]:
-    """The model's self-attention modules in order (index = layer number)."""
+    """The model's distinct self-attention modules in order (index = layer number, except for
+    shared-layer families, where the call order numbers the layers)."""
+    names = family(model).attention
     mods = []
     for m in model.modules():
-        if (hasattr(m, "scaling") and hasattr(m, "is_causal") and hasattr(m, "config")
+        if names:
+            if type(m).__name__ in names:
+                mods.append(m)
+        elif (hasattr(m, "scaling") and hasattr(m, "is_causal") and hasattr(m, "config")
                 and not getattr(m, "is_cross_attention", False)
                 and "CrossAttention" not in type(m).__name__):
             mods.append(m)
     return mods
 
 
-def ffn_modules(model: nn.Module, suffixes: tuple[str, ...] = FFN_SUFFIXES) -> list[nn.Module]:
-    """The FFN first-layer modules (W1x + b1) in order, found by name suffix."""
+def ffn_modules(model: nn.Module, suffixes: tuple[str, ...] | None = None) -> list[nn.Module]:
+    """The FFN first-layer modules (W1x + b1) in order, found by name suffix (the family's by
+    default)."""
+    suffixes = family(model).ffn if suffixes is None else tuple(suffixes)
     return [m for name, m in model.named_modules() if name.endswith(suffixes)]
 
 
 def _matches(model: nn.Module) -> bool:
+    """Any transformers model: ``patch`` then says why when a family cannot be served."""
     from transformers import PreTrainedModel
 
-    return (isinstance(model, PreTrainedModel) and hasattr(model, "set_attn_implementation")
-            and bool(attention_modules(model)))
+    return isinstance(model, PreTrainedModel) and hasattr(model, "set_attn_implementation")
 
 
 def _context(model: nn.Module, n_layers: int) -> dict:
@@ -86,56 +186,125 @@ def _context(model: nn.Module, n_layers: int) -> dict:
             "max_positions": int(max_pos), "n_classes": getattr(cfg, "num_labels", None)}
 
 
+def repeat_kv_heads(query: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention: key/value heads (B, H_kv, T, d) repeated to the H query heads.
+
+    Query head h reads key/value head h // (H / H_kv), the grouping HF's own GQA kernels use,
+    so every method then acts per query head (crisp's top-k, intensity's factor, cost's
+    entropy) exactly as on a model with H full heads."""
+    h, h_kv = query.shape[1], kv.shape[1]
+    if h == h_kv:
+        return kv
+    if h % h_kv:
+        raise ValueError(f"num_key_value_heads: {h_kv} key/value heads do not divide {h} query "
+                         f"heads")
+    return kv.repeat_interleave(h // h_kv, dim=1)
+
+
 class AttentionPatchState(PatchState):
     """State of an attention/loss patch: the registered name, hooks and per-forward data."""
 
-    def __init__(self, method: str, module: nn.Module, impl: str, previous: str,
-                 layers: dict[nn.Module, int]) -> None:
+    def __init__(self, method: str, module: nn.Module, impl: str, previous: str | None,
+                 layers: dict[nn.Module, int], fam: Family, n_layers: int) -> None:
         super().__init__(method, module)
         self.impl = impl
-        self.previous = previous
+        self.previous = previous  # None: the attention implementation was not switched
         # attention module → layer index (module keys, not ids: a deep copy maps them to the
         # copy's modules)
         self.layer_of = layers
+        self.family = fam
+        self.n_layers = n_layers
+        self.shared = fam.depth is not None
+        self.calls = 0  # attention runs in this forward (numbers the layers of shared families)
+        self.current = 0  # layer number of the attention module running now
         self.handles: list = []
         self.hidden: dict[int, torch.Tensor] = {}
         self.token_mask: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None  # the model's position_ids of this forward
         self.need_weights = False  # set by analysis to receive probabilities
         # False = stock attention and no penalties (the full reference on the same weights and
         # batches, as ``attnprune.finetune.evaluate`` does with every host)
         self.enabled = True
+        # True when a token method is stacked on the same model (``patch(..., stack=True)``):
+        # layers after a gather see fewer, re-ordered tokens (and row groups fewer rows), so
+        # the model-level 2-D mask no longer lines up with them; each call then reads the real
+        # tokens from the mask it is given, and the FFN hook of the same layer reuses them.
+        self.derive_token_mask = False
+        self.layer_token_mask: torch.Tensor | None = None
 
     def attention_fn(self, module, query, key, value, attention_mask, dropout=0.0,
-                     scaling=None, **kwargs):
-        """The function HF calls in place of its attention (signature of HF_NOTES.md)."""
+                     scaling=None, bias=None, **kwargs):
+        """The function HF calls in place of its attention (signature of HF_NOTES.md); the
+        adapters of own-forward families call it too, with their position terms as ``bias``."""
+        if kwargs.get("s_aux") is not None:
+            raise ValueError("model: attention sinks (s_aux) are not supported by the "
+                             "attention methods")
         layer = self.layer_of.get(module)
+        if layer is not None and self.shared:
+            layer = self.current
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
+        if bias is None:  # families passing an additive score term through the interface
+            bias = kwargs.get("position_bias")  # (T5-style relative bias, MPT's ALiBi)
+        key, value = repeat_kv_heads(query, key), repeat_kv_heads(query, value)
+        tq = query.shape[-2]
+        causal = bool(getattr(module, "is_causal", False))
+        if attention_mask is None and causal and 1 < tq < key.shape[-2]:
+            # HF skips the mask with more keys than queries only when prefilling an empty
+            # static cache: the keys after the queries are empty slots (HF's SDPA path crops
+            # them too). The methods read "no mask, causal" as queries = the last Tq keys.
+            key, value = key[:, :, :tq], value[:, :, :tq]
+            bias = None if bias is None else bias[..., :tq]
+        softcap = kwargs.get("softcap")
         if layer is None or not self.enabled:  # stock path (unnumbered module, or disabled)
-            from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-            return sdpa_attention_forward(module, query, key, value, attention_mask,
-                                          dropout=dropout, scaling=scaling, **kwargs)
+            out = fused_attention(query, key, value, attention_mask, is_causal=causal,
+                                  scaling=scaling, dropout=dropout, training=module.training,
+                                  softcap=softcap, bias=bias)
+            return out, None
+        token_mask = self.token_mask
+        positions = kwargs.get("position_ids")
+        if not isinstance(positions, torch.Tensor):
+            positions = self.positions
+        if self.derive_token_mask:
+            # a stacked token method gathered tokens: the model-level mask and position ids no
+            # longer line up with this layer's tokens
+            token_mask = self.layer_token_mask = real_tokens(attention_mask, query.shape[-2])
+            positions = kwargs.get("position_ids") if isinstance(kwargs.get("position_ids"),
+                                                                 torch.Tensor) else None
         out, probs = self.modules.attend(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
             layer=layer, hidden=self.hidden.get(layer), aux=self.aux_losses,
-            token_mask=self.token_mask, need_weights=self.need_weights)
+            token_mask=token_mask, need_weights=self.need_weights, softcap=softcap,
+            bias=bias, positions=positions)
         return out, probs
 
     def unpatch(self, model: nn.Module) -> None:
-        """Remove hooks and the state on the attention modules, restore the previous attention
-        implementation (the global registration stays: it holds no state, and copies of the
-        model may still use it)."""
+        """Remove hooks, adapters and the state on the attention modules, restore the previous
+        attention implementation (the global registration stays: it holds no state, and copies
+        of the model may still use it)."""
         for h in self.handles:
             h.remove()
         self.handles.clear()
         remove_state_hooks(model, self)
-        model.set_attn_implementation(self.previous)
+        if self.previous is not None:
+            model.set_attn_implementation(self.previous)
         for m in self.layer_of:
             m.__dict__.pop(STATE_ATTR, None)
-        if METHOD_ATTR in model._modules:
-            del model._modules[METHOD_ATTR]
+            m.__dict__.pop("forward", None)  # an adapter's instance forward (own-forward families)
+        remove_method_module(model, self.modules)
         self.hidden.clear()
+
+
+def real_tokens(mask: torch.Tensor | None, tq: int) -> torch.Tensor | None:
+    """(B, Tq) bool: the real (non-padding) tokens among the last ``tq`` keys of an attention
+    mask (boolean True = attend, or additive float), or None (no mask: all real).
+
+    A key is real iff some query may attend to it: padding keys are masked in every row, and a
+    real key is at least visible to itself (bidirectional and causal masks alike)."""
+    if mask is None:
+        return None
+    allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    return allowed.any(dim=-2)[:, 0, -tq:]  # (B, Tq)
 
 
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -153,6 +322,65 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
                               scaling=scaling, **kwargs)
 
 
+# Adapters: families whose attention modules compute scores in their own forward instead of
+# calling the attention interface. Each replaces the module's forward (an instance attribute,
+# removed by ``unpatch``), computes q, k, v and the family's score terms with the module's own
+# layers and methods, and hands them to the patch state as (query, key, value, mask, bias).
+# They are plain functions bound to the module, so ``copy.deepcopy`` rebinds them to the copy.
+
+
+def _split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(B, T, H·d) → (B, H, T, d)."""
+    b, t, _ = x.shape
+    return x.view(b, t, n_heads, -1).transpose(1, 2)
+
+
+def _mpnet_forward(module, hidden_states, attention_mask=None, position_bias=None,
+                   output_attentions=False, **kwargs):
+    """MPNetSelfAttention: S = QKᵀ/√d + relative position bias (B|1, H, T, T) + mask."""
+    state = module.__dict__[STATE_ATTR]
+    h = module.num_attention_heads
+    q, k, v = (_split_heads(proj(hidden_states), h) for proj in (module.q, module.k, module.v))
+    out, probs = state.attention_fn(
+        module, q, k, v, attention_mask, dropout=module.dropout.p if module.training else 0.0,
+        scaling=module.attention_head_size ** -0.5, bias=position_bias)
+    o = module.o(out.flatten(2))
+    return (o, probs) if output_attentions else (o,)
+
+
+def _deberta_forward(module, hidden_states, attention_mask, output_attentions=False,
+                     query_states=None, relative_pos=None, rel_embeddings=None):
+    """DisentangledSelfAttention (DeBERTa-v2/v3): S = QKᵀ/√(d·f) + c2p + p2c, f = 1 + number
+    of position terms. The c2p/p2c terms come from the module's own
+    ``disentangled_attention_bias`` (on its (B·H, T, d) layout) and enter as the bias."""
+    state = module.__dict__[STATE_ATTR]
+    h = module.num_attention_heads
+    x_q = hidden_states if query_states is None else query_states
+    q = module.transpose_for_scores(module.query_proj(x_q), h)  # (B·H, Tq, d)
+    k = module.transpose_for_scores(module.key_proj(hidden_states), h)
+    v = module.transpose_for_scores(module.value_proj(hidden_states), h)
+    factor = 1 + sum(t in module.pos_att_type for t in ("c2p", "p2c"))
+    bias = None
+    if module.relative_attention:
+        bias = module.disentangled_attention_bias(
+            q, k, relative_pos, module.pos_dropout(rel_embeddings), factor)  # (B·H, Tq, Tk)
+    b = hidden_states.shape[0]
+
+    def four_d(x):
+        return x.view(b, h, *x.shape[1:])
+
+    if query_states is not None:  # the intensity predictor reads what the queries come from
+        state.hidden[state.current] = query_states
+    out, probs = state.attention_fn(
+        module, four_d(q), four_d(k), four_d(v), attention_mask.bool(),
+        dropout=module.dropout.p if module.training else 0.0,
+        scaling=(q.shape[-1] * factor) ** -0.5, bias=None if bias is None else four_d(bias))
+    return out.flatten(2), (probs if output_attentions else None)
+
+
+ADAPTERS: dict[str, Callable] = {"mpnet": _mpnet_forward, "deberta": _deberta_forward}
+
+
 def _register() -> None:
     """Register ``IMPL`` (idempotent)."""
     from transformers import AttentionInterface
@@ -167,27 +395,56 @@ def _start_forward(state: AttentionPatchState, _mod, args, kwargs) -> None:
     state.aux_losses.clear()
     state.stats.clear()
     state.hidden.clear()
+    state.calls = 0
     m = kwargs.get("attention_mask")
     state.token_mask = m.bool() if isinstance(m, torch.Tensor) and m.dim() == 2 else None
+    # generate() gives left-padded rows position_ids that start at their first real token
+    p = kwargs.get("position_ids")
+    state.positions = p if isinstance(p, torch.Tensor) else None
 
 
-def _grab_hidden(state: AttentionPatchState, i: int, _mod, args, kwargs) -> None:
-    """Forward pre-hook on attention module ``i``: its input hidden states."""
-    state.hidden[i] = args[0] if args else kwargs.get("hidden_states")
+def _enter_layer(state: AttentionPatchState, i: int, needs_hidden: bool, _mod, args,
+                 kwargs) -> None:
+    """Forward pre-hook on attention module ``i``: which layer runs now (for a shared module,
+    the next one in call order, modulo the depth in case a caller skipped the model's own
+    forward) and, for methods that read it, its input hidden states."""
+    if state.shared:
+        state.current = state.calls % state.n_layers
+        state.calls += 1
+    else:
+        state.current = i
+    if needs_hidden:
+        state.hidden[state.current] = args[0] if args else kwargs.get("hidden_states")
 
 
 def _penalise(state: AttentionPatchState, _mod, _inp, out) -> None:
     """Forward hook on an FFN first layer: the cost method's activation term."""
     if state.enabled:
-        state.aux_losses.append(state.modules.ffn_term(out, state.token_mask))
+        if state.family.ffn_first_half:
+            out = out.chunk(2, dim=-1)[0]
+        mask = state.layer_token_mask if state.derive_token_mask else state.token_mask
+        state.aux_losses.append(state.modules.ffn_term(out, mask))
 
 
 @register_host("hf_attention", kinds=("attention", "loss"), matches=_matches)
 def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPatchState:
-    """Patch ``model`` with the attention/loss method ``spec`` (options go to the method)."""
+    """Patch ``model`` with the attention/loss method ``spec`` (options go to the method).
+
+    Raises ValueError saying why for a family that cannot be served (``FAMILIES[..].refused``,
+    or no self-attention module found), before the model is touched."""
+    fam = family(model)
+    kind = f"{type(model).__name__} ({getattr(model.config, 'model_type', '?')})"
+    if fam.refused:
+        raise ValueError(f"model: {kind} is not supported by attention methods: {fam.refused}")
     attn = attention_modules(model)
-    ffn_suffixes = tuple(options.pop("ffn_modules", FFN_SUFFIXES))
-    method = registry.create(spec.name, context=_context(model, len(attn)), **options)
+    if not attn:
+        raise ValueError(
+            f"model: found no self-attention module in {kind} that calls HF's attention "
+            f"interface, and its family has no adapter for scores computed in its own forward "
+            f"(hf_attention.FAMILIES)")
+    n_layers = fam.depth(model.config) if fam.depth is not None else len(attn)
+    ffn_suffixes = options.pop("ffn_modules", None)
+    method = registry.create(spec.name, context=_context(model, n_layers), **options)
     ffn = ffn_modules(model, ffn_suffixes) if getattr(method, "ffn_on", False) else []
     if getattr(method, "ffn_on", False) and len(ffn) != len(attn):
         raise ValueError(
@@ -197,20 +454,24 @@ def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPa
     param = next(model.parameters(), None)
     if param is not None:
         method.to(device=param.device)
-    previous = model.config._attn_implementation or "eager"
+    method.train(model.training)  # follow the model's mode (model.eval() came before the patch)
+    adapter = ADAPTERS.get(fam.scores)
+    previous = None if adapter else (model.config._attn_implementation or "eager")
     state = AttentionPatchState(spec.name, method, IMPL, previous,
-                                {m: i for i, m in enumerate(attn)})
-    _register()
-    model.set_attn_implementation(IMPL)
+                                {m: i for i, m in enumerate(attn)}, fam, n_layers)
+    if adapter is None:
+        _register()
+        model.set_attn_implementation(IMPL)
     for m in attn:
         m.__dict__[STATE_ATTR] = state  # plain attribute: not a submodule, not saved
-    model.add_module(METHOD_ATTR, method)
+        if adapter is not None:
+            m.forward = types.MethodType(adapter, m)
+    add_method_module(model, method)  # METHOD_ATTR, or a free variant when stacked
     state.handles.append(model.register_forward_pre_hook(partial(_start_forward, state),
                                                          with_kwargs=True))
-    if method.needs_hidden:
-        for i, m in enumerate(attn):
-            state.handles.append(m.register_forward_pre_hook(partial(_grab_hidden, state, i),
-                                                             with_kwargs=True))
+    for i, m in enumerate(attn):
+        state.handles.append(m.register_forward_pre_hook(
+            partial(_enter_layer, state, i, bool(method.needs_hidden)), with_kwargs=True))
     for lin in ffn:
         state.handles.append(lin.register_forward_hook(partial(_penalise, state)))
     return state

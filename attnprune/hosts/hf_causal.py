@@ -44,13 +44,19 @@ longer attended to". REINFORCE rewards need the per-sequence LM loss, so a forwa
 LM-head model turns the actions' log-probabilities into the policy loss when ``labels`` are
 given (it lands in ``attnprune.aux_loss(model)``).
 
+The block loop lives in :class:`CausalBlockLoop` and the option checks in :func:`patch_causal`,
+so that the rotary decoder families (:mod:`attnprune.hosts.hf_llama`) share them: a family
+only says where its blocks are, how one block is called on the compact tokens (GPT-2 ignores
+the original positions; rotary models gather their (cos, sin) with them) and how its forward
+embeds the input.
+
 Written by hand: no library prunes tokens inside HF causal models, nor buckets the rows of a
 batch whose lengths change between its blocks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import torch
@@ -96,6 +102,9 @@ class _Pass:
     kept: list[float]  # real tokens processed by each block, summed over groups
     aux_losses: list[Tensor]
     actions: list[dict]
+    # Per-row tensors (B, L, ...) a family's block call reads at original positions (rotary
+    # models: position ids, cos, sin); row groups take their rows, blocks gather their tokens.
+    rows: dict = field(default_factory=dict)
 
 
 def _gpt2(model: nn.Module) -> GPT2Model | None:
@@ -105,33 +114,34 @@ def _gpt2(model: nn.Module) -> GPT2Model | None:
     return inner if isinstance(inner, GPT2Model) else None
 
 
-class PrunedGPT2Model(GPT2Model):
-    """GPT2Model whose block loop drops tokens between blocks (only ``forward`` overridden)."""
+class CausalBlockLoop:
+    """The pruning block loop, shared by every causal family (GPT-2 here, the rotary decoders
+    of :mod:`attnprune.hosts.hf_llama`). A host class mixes it in before the HF model class
+    and provides ``_attnprune_blocks()`` (the ModuleList of blocks) and
+    ``_attnprune_call(run, l, block, h, index, mask)`` (one block on the compact tokens,
+    ``index`` (b, K) their positions in the chunk), then calls :meth:`_attnprune_loop` from
+    its ``forward`` with the embedded chunk.
+    """
 
-    def forward(self, input_ids=None, past_key_values=None, attention_mask=None,
-                token_type_ids=None, position_ids=None, inputs_embeds=None, use_cache=None,
-                **kwargs):
-        """Same inputs and outputs as ``GPT2Model.forward`` (no cross-attention)."""
+    def _attnprune_positions(self, embeds: Tensor, cache, use_cache, position_ids):
+        """(cache, position_ids (1 or B, L)): a new cache if one is asked for and none given;
+        default positions continue block 0's cache, whose length is the position because
+        block 0 never prunes (later blocks cache fewer keys)."""
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = torch.arange(past, past + embeds.shape[1], device=embeds.device)[None]
+        return cache, position_ids
+
+    def _attnprune_loop(self, h: Tensor, attention_mask, past_key_values, use_cache,
+                        block_kwargs: dict, rows: dict) -> Tensor:
+        """Every block on ``h`` (B, L, d) with pruning; returns the final states (B, L, d)
+        (dropped tokens hold their last state); fills the patch state's stats and losses."""
         state: CausalPatchState = self._attnprune_state
-        if kwargs.get("encoder_hidden_states") is not None:
-            raise ValueError("encoder_hidden_states: the causal pruning host has no cross-attention")
-        if input_ids is not None and inputs_embeds is not None:
-            raise ValueError("give input_ids or inputs_embeds, not both")
-        if inputs_embeds is None:
-            if input_ids is None:
-                raise ValueError("input_ids: give input_ids or inputs_embeds")
-            inputs_embeds = self.wte(input_ids)
-        B, L, _ = inputs_embeds.shape
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
+        B, L, _ = h.shape
+        blocks = self._attnprune_blocks()
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if position_ids is None:  # block 0 never prunes, so its cache length is the position
-            position_ids = torch.arange(past, past + L, device=inputs_embeds.device)[None]
-        h = inputs_embeds + self.wpe(position_ids)
-        if token_type_ids is not None:
-            h = h + self.wte(token_type_ids.view(B, -1))
-        h = self.drop(h)  # (B, L, d)
-
         # 2D mask of real tokens in this chunk; past keys' validity lives on the cache.
         if attention_mask is not None and attention_mask.ndim != 2:
             raise ValueError("attention_mask: the causal pruning host takes a 2D (B, L) mask")
@@ -148,16 +158,14 @@ class PrunedGPT2Model(GPT2Model):
         bucket = state.bucket_rows and not self.training and not use_cache and past_key_values is None
         run = _Pass(method=state.method_module, layers=set(state.layers) if state.enabled else set(),
                     keep_ratio=state.keep_ratio, L=L, cache=past_key_values, use_cache=use_cache,
-                    block_kwargs=_block_kwargs(kwargs), bucket=bucket, kept=[0.0] * len(self.h),
-                    aux_losses=state.aux_losses, actions=state.actions)
+                    block_kwargs=block_kwargs, bucket=bucket, kept=[0.0] * len(blocks),
+                    aux_losses=state.aux_losses, actions=state.actions, rows=rows)
         index = torch.arange(L, device=h.device).expand(B, L)  # compact → original position
         full, key_masks = self._blocks(run, 0, h, h, index, real, key_masks, alive=None)
         if past_key_values is not None and key_masks is not None:
             setattr(past_key_values, _KEYS_ATTR, key_masks)
         state.stats = {"kept_per_layer": [k / float(n_real) for k in run.kept], "n_tokens": int(n_real)}
-        hidden = self.ln_f(full)
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden, past_key_values=past_key_values if use_cache else None)
+        return full
 
     # -- the block loop -------------------------------------------------------------------
     def _blocks(self, run: _Pass, start: int, h: Tensor, full: Tensor, index: Tensor,
@@ -171,8 +179,8 @@ class PrunedGPT2Model(GPT2Model):
         token's final state.
         """
         method, L = run.method, run.L
-        for l in range(start, len(self.h)):
-            block = self.h[l]
+        for l in range(start, len(self._attnprune_blocks())):
+            block = self._attnprune_blocks()[l]
             if l in run.layers and l >= decide_from and bool(cmask.any()):
                 # Training-time protection of the chunk's last N positions (LTP) is by original
                 # position: "last N alive tokens" would move when a later token is dropped.
@@ -206,7 +214,7 @@ class PrunedGPT2Model(GPT2Model):
             if not bool(cmask.any()):  # nothing left to compute (nor to cache) in later blocks
                 break
             mask = self._block_mask(h, cmask, key_masks, run.cache, l, alive)
-            out = block(h, run.cache, mask, use_cache=run.use_cache, **run.block_kwargs)
+            out = self._attnprune_call(run, l, block, h, index, mask)
             if alive is not None:  # relaxed skip: a_j = 0 means the token keeps its state
                 out = h + alive[..., None] * (out - h)
             h = out
@@ -223,7 +231,8 @@ class PrunedGPT2Model(GPT2Model):
         for rows in groups:  # rows (g,) indices into the b rows
             k = max(int(cmask[rows].sum(1).max()), 1)
             keys = None if key_masks is None else [m[rows] for m in key_masks]
-            out[rows], _ = self._blocks(run, l, h[rows, :k], full[rows], index[rows, :k],
+            sub = replace(run, rows={n: t[rows] for n, t in run.rows.items()})
+            out[rows], _ = self._blocks(sub, l, h[rows, :k], full[rows], index[rows, :k],
                                         cmask[rows, :k], keys, alive=None, decide_from=l + 1)
         return out
 
@@ -238,7 +247,7 @@ class PrunedGPT2Model(GPT2Model):
             return list(stored)
         dev = attention_mask.device
         masks = []
-        for l in range(len(self.h)):
+        for l in range(len(self._attnprune_blocks())):
             n = cache.get_seq_length(l) if cache is not None and past else 0
             # Before pruning every block saw the same past: the user's mask covers it.
             masks.append(attention_mask[:, :n].bool() if n else torch.ones(B, 0, dtype=torch.bool, device=dev))
@@ -250,7 +259,7 @@ class PrunedGPT2Model(GPT2Model):
         if key_masks is not None or bool(g.mask.all()):
             return key_masks
         B = g.mask.shape[0]
-        return [torch.ones(B, 0, dtype=torch.bool, device=g.mask.device) for _ in self.h]
+        return [torch.ones(B, 0, dtype=torch.bool, device=g.mask.device) for _ in self._attnprune_blocks()]
 
     def _block_mask(self, h, cmask, key_masks, cache, l, alive):
         """The attention mask of block l in the format of the model's attention function."""
@@ -268,6 +277,44 @@ class PrunedGPT2Model(GPT2Model):
         mask2d = torch.cat([past_keys, cmask], dim=1)
         return create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=mask2d,
                                   past_key_values=cache, position_ids=None, layer_idx=l)
+
+
+
+class PrunedGPT2Model(CausalBlockLoop, GPT2Model):
+    """GPT2Model whose block loop drops tokens between blocks (only ``forward`` overridden)."""
+
+    def _attnprune_blocks(self) -> nn.ModuleList:
+        return self.h
+
+    def _attnprune_call(self, run: _Pass, l: int, block: nn.Module, h: Tensor, index: Tensor,
+                        mask) -> Tensor:
+        # Positions need no remapping: GPT-2 adds wpe once, at the input.
+        return block(h, run.cache, mask, use_cache=run.use_cache, **run.block_kwargs)
+
+    def forward(self, input_ids=None, past_key_values=None, attention_mask=None,
+                token_type_ids=None, position_ids=None, inputs_embeds=None, use_cache=None,
+                **kwargs):
+        """Same inputs and outputs as ``GPT2Model.forward`` (no cross-attention)."""
+        if kwargs.get("encoder_hidden_states") is not None:
+            raise ValueError("encoder_hidden_states: the causal pruning host has no cross-attention")
+        if input_ids is not None and inputs_embeds is not None:
+            raise ValueError("give input_ids or inputs_embeds, not both")
+        if inputs_embeds is None:
+            if input_ids is None:
+                raise ValueError("input_ids: give input_ids or inputs_embeds")
+            inputs_embeds = self.wte(input_ids)
+        B = inputs_embeds.shape[0]
+        past_key_values, position_ids = self._attnprune_positions(
+            inputs_embeds, past_key_values, use_cache, position_ids)
+        h = inputs_embeds + self.wpe(position_ids)
+        if token_type_ids is not None:
+            h = h + self.wte(token_type_ids.view(B, -1))
+        h = self.drop(h)  # (B, L, d)
+        full = self._attnprune_loop(h, attention_mask, past_key_values, use_cache,
+                                    _block_kwargs(kwargs), rows={})
+        hidden = self.ln_f(full)
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden, past_key_values=past_key_values if use_cache else None)
 
 
 def _block_kwargs(kwargs: dict) -> dict:
@@ -295,7 +342,7 @@ def _soft_mask(h: Tensor, cmask: Tensor, alive: Tensor) -> Tensor:
 
 
 class CausalPatchState(PatchState):
-    """Patch of a GPT-2 model: the method, its decision layers, per-forward statistics.
+    """Patch of a causal model (GPT-2, Llama family): the method, its decision layers, per-forward statistics.
 
     ``stats["kept_per_layer"]`` is the share of real tokens each block processed in the last
     forward (summed over row groups); ``enabled`` and ``bucket_rows`` may be switched between
@@ -313,7 +360,7 @@ class CausalPatchState(PatchState):
         self.bucket_rows = bucket_rows
         self.actions: list[dict] = []
         self._hook = None
-        self._gpt2: GPT2Model | None = None
+        self._gpt2: nn.Module | None = None  # the inner model whose class was swapped
         self._old_cls = None
 
     def unpatch(self, model: nn.Module) -> None:
@@ -374,6 +421,19 @@ def patch(model: nn.Module, spec, keep_ratio: float | None = None, layers=None,
     (:func:`attnprune.selection.row_groups`) so short rows are
     not padded to the longest; same outputs, fewer FLOPs. Other ``options`` go to the method.
     """
+    g = _gpt2(model)
+    c = g.config
+    return patch_causal(model, g, spec, PrunedGPT2Model, "GPT-2 models",
+                        {"d_model": c.n_embd, "n_layers": c.n_layer, "n_heads": c.n_head},
+                        keep_ratio, layers, enabled, bucket_rows, options)
+
+
+def patch_causal(model: nn.Module, inner: nn.Module, spec, pruned: type, label: str,
+                 context: dict, keep_ratio, layers, enabled, bucket_rows, options: dict
+                 ) -> CausalPatchState:
+    """What every causal host does once it found the inner model: check the options, build
+    the method from ``context`` (d_model, n_layers, n_heads), swap ``inner``'s class for a
+    subclass of ``pruned`` (a :class:`CausalBlockLoop` host class) and hook the LM head."""
     if not isinstance(bucket_rows, bool):
         raise ValueError(f"bucket_rows must be True or False, got {bucket_rows!r}")  # noqa: TRY004 (patch() contract: ValueError)
     name = _ALIASES.get(spec.name, spec.name)
@@ -381,40 +441,39 @@ def patch(model: nn.Module, spec, keep_ratio: float | None = None, layers=None,
     if not getattr(spec.cls, "causal", False):
         raise ValueError(
             f"method: {spec.name!r} is not causal (its decision for token t uses later tokens or "
-            f"the whole row); GPT-2 models take: {', '.join(causal_methods())}")
-    g = _gpt2(model)
-    n_layers = g.config.n_layer
+            f"the whole row); {label} take: {', '.join(causal_methods())}")
+    n_layers = context["n_layers"]
     if keep_ratio is not None:
         keep_ratio = check_keep_ratio(keep_ratio)
     if layers is not None:
         options["layers"] = layers
-    context = {"d_model": g.config.n_embd, "n_layers": n_layers, "n_heads": g.config.n_head}
     module = registry.create(name, context=context, **options)
     bad = [l for l in module.layers if not 1 <= l < n_layers]
     if bad:
         raise ValueError(f"layers: decision layers must be in 1..{n_layers - 1}, got {bad}")
-    module.to(next(g.parameters()).device)
-    module.train(g.training)  # follow the model's mode (model.eval() came before the patch)
+    module.to(next(inner.parameters()).device)
+    module.train(inner.training)  # follow the model's mode (model.eval() came before the patch)
     on = bool(enabled) and keep_ratio != 1.0
     state = CausalPatchState(name, module, module.layers, keep_ratio, on, bucket_rows)
-    state._gpt2, state._old_cls = g, type(g)
-    g.add_module("attnprune_method", module)
-    g.__dict__["_attnprune_state"] = state  # plain attribute: not a submodule, not saved
-    g.__class__ = _pruned_class(type(g))
-    if g is not model:
+    state._gpt2, state._old_cls = inner, type(inner)
+    inner.add_module("attnprune_method", module)
+    inner.__dict__["_attnprune_state"] = state  # plain attribute: not a submodule, not saved
+    inner.__class__ = pruned_class(type(inner), pruned)
+    if inner is not model:
         state._hook = model.register_forward_hook(partial(_policy_hook, state), with_kwargs=True)
     return state
 
 
-_CLASSES: dict[type, type] = {}
+_CLASSES: dict[tuple[type, type], type] = {}
 
 
-def _pruned_class(cls: type) -> type:
-    """A subclass of ``cls`` (GPT2Model or a user subclass) with the pruning forward."""
-    if issubclass(cls, PrunedGPT2Model):
+def pruned_class(cls: type, pruned: type = PrunedGPT2Model) -> type:
+    """A subclass of ``cls`` (the stock inner model class or a user subclass) with the pruning
+    forward of ``pruned``; ``pruned`` itself when it already is that class."""
+    if issubclass(cls, pruned):
         return cls
-    if cls is GPT2Model:
-        return PrunedGPT2Model
-    if cls not in _CLASSES:
-        _CLASSES[cls] = type(f"Pruned{cls.__name__}", (PrunedGPT2Model, cls), {})
-    return _CLASSES[cls]
+    if cls in pruned.__bases__:  # the stock class it was written for (GPT2Model)
+        return pruned
+    if (cls, pruned) not in _CLASSES:
+        _CLASSES[cls, pruned] = type(f"Pruned{cls.__name__}", (pruned, cls), {})
+    return _CLASSES[cls, pruned]

@@ -32,6 +32,10 @@ Choices, and why:
   and batch losses see the whole batch).
 * CLS (position 0) is always kept (``protect_first``); the gather keeps ascending order, so it
   stays at position 0 and every stock head (pooler, ``hidden[:, 0]``) reads it unchanged.
+  Every separator ([SEP], ``</s>``) is kept like CLS (``protect_special``: the last real token,
+  the end of each ``token_type_ids`` segment, and the ids in ``protect_token_ids``): a sentence
+  pair keeps the boundary between its texts. Segment ids need no carrying through the gather:
+  BERT adds their embedding before the first layer, so a kept token's state already holds it.
 * The output is scattered back to (B, L, d) (``output="scatter"``; dropped tokens carry their
   last computed state) so the model's output shape is the stock one; ``output="short"`` returns
   the gathered (B, K, d) batch and skips that copy (with row groups: the same shape, K the
@@ -57,11 +61,10 @@ Choices, and why:
   positions by one ``index_select``, and no attention mask for later layers (the stock
   no-padding SDPA call) instead of ``create_bidirectional_mask`` at each pruning layer.
 * Traced (``torch.export`` / ``torch.onnx.export`` / ``torch.compile``, :func:`_tracing`):
-  shapes must follow the input shapes, not the data. Each gather is sized by
-  K = ⌊ρ·K_prev⌋ (:func:`_static_budget`; ≥ every row's k = ⌊ρ·n_b⌋, shorter rows padded and
-  masked), and statistics and row bucketing, which read counts back, are skipped. Correct
-  only for fixed-budget methods (k = ⌊ρ·n⌋); :func:`attnprune.deploy.onnx.export_onnx`
-  refuses the others.
+  each gather is as wide as the batch's largest kept count, read as a data-dependent size
+  (:func:`_traced_width`, an unbacked SymInt), so an exported graph keeps exactly the tokens
+  the eager forward keeps, protected ones included, for top-k and threshold methods alike.
+  Statistics and row bucketing, which read counts back into Python, are skipped.
 * ``position_ids`` given to the model are not passed to layers after a gather (HF_NOTES.md:
   non-consecutive ids look like packed sequences); absolute positions were added at the
   embeddings already.
@@ -100,16 +103,15 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from functools import partial
 
 import torch
 from torch import Tensor, nn
 
 from .. import registry
-from ..methods.base import protect_first
+from ..methods.base import protect_first, protect_special
 from ..selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
-from . import PatchState, register_host, remove_state_hooks
+from . import PatchState, add_method_module, register_host, remove_method_module, remove_state_hooks
 
 __all__ = ["GROUP_OVERHEAD_PER_THREAD", "GROUP_OVERHEAD_TOKENS", "HFEncoderState", "group_overhead_tokens",
            "parse_schedule", "patch_hf_encoder"]
@@ -273,6 +275,8 @@ class HFEncoderState(PatchState):
         self.enabled = True
         self.bucket_rows = bucket_rows
         self.labels: Tensor | None = None
+        self.protect_ids: tuple[int, ...] = ()  # token ids kept like CLS (separators)
+        self.inputs: tuple | None = None  # (input_ids, token_type_ids) of this forward
         self.scorer_time_s = 0.0  # wall time spent computing attention probabilities, last forward
         self._captured: dict[str, Tensor] = {}
         self._handles: list = []
@@ -284,8 +288,7 @@ class HFEncoderState(PatchState):
         remove_state_hooks(model, self)
         if "forward" in self.encoder.__dict__:
             del self.encoder.forward
-        if hasattr(model, "attnprune_method"):
-            del model.attnprune_method
+        remove_method_module(model, self.modules)
 
     # -- attention probabilities for the scorer -------------------------------------------
     def _attention(self, layer: int, keymask_add: Tensor, rows: str, mask: Tensor) -> Tensor:
@@ -373,6 +376,7 @@ def _pruned_forward(state: HFEncoderState, original, hidden_states, attention_ma
     layers and original forward; a closure would be shared and run the original's layers.
     """
     if not state.enabled:
+        state.inputs = None
         return original(hidden_states, attention_mask, *args, **kwargs)
     if args or kwargs.get("encoder_hidden_states") is not None:
         raise ValueError("hf_encoder: cross-attention (encoder_hidden_states) is not supported")
@@ -396,7 +400,11 @@ def _pruned_forward(state: HFEncoderState, original, hidden_states, attention_ma
                 kept=[0.0] * n, padded=[0] * n)
     index = torch.arange(L, device=mask.device).expand(B, L)  # original positions
     full = hidden_states if state.output == "scatter" else None
-    hidden_states, _ = _layers(state, run, 0, hidden_states, mask, attention_mask, index, full)
+    ids, token_types = state.inputs or (None, None)
+    state.inputs = None  # one forward's: a later call without the model's hook must not read it
+    protect = protect_special(mask, ids, token_types, state.protect_ids)  # (B, L) CLS + separators
+    hidden_states, _ = _layers(state, run, 0, hidden_states, mask, attention_mask, index, full,
+                               protect=protect)
     if static:  # the counts are data: a traced graph has no place for them
         state.stats = {}
         return state.output_cls(last_hidden_state=hidden_states)
@@ -416,13 +424,14 @@ def _pruned_forward(state: HFEncoderState, original, hidden_states, attention_ma
 
 def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask: Tensor,
             mask4d, index: Tensor, full: Tensor | None,
-            gathered: bool = False) -> tuple[Tensor, Tensor | None]:
+            gathered: bool = False, protect: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """Layers ``start``, ``start + 1``, … on b rows, in the host's output format.
 
     ``hidden`` (b, K, d) the tokens still present in ascending original order, ``mask``
     (b, K) their real slots, ``mask4d`` the layers' attention mask for them, ``index`` (b, K)
     their original positions, ``full`` (b, L, d) every token's state so far (dropped tokens'
-    last states; None for ``output="short"``), ``gathered`` whether a gather already happened.
+    last states; None for ``output="short"``), ``gathered`` whether a gather already happened,
+    ``protect`` (b, K) the tokens every selection keeps (CLS and separators; None: CLS only).
     Returns ((b, L, d) final states, None) for ``output="scatter"``, or the compact
     ((b, K', d), (b, K') mask) for ``output="short"``. After a gather at inference the rows may
     be split into groups (:func:`_grouped`), each running the rest of this loop.
@@ -435,6 +444,8 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
     # positions, and the layers keep mask None (the stock no-padding SDPA call) instead of a
     # mask rebuilt by create_bidirectional_mask at every pruning layer.
     single = not (run.static or run.training) and mask4d is None and hidden.shape[0] == 1
+    if protect is None:
+        protect = protect_first(mask)
     for i in range(start, n):
         layer = state.layers[i]
         prune = i < n - 1 and state.schedule[i] < (state.schedule[i - 1] if i else 1.0) - 1e-12
@@ -457,37 +468,39 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
             add = _additive(mask, soft_total, hidden.dtype)
             attn = state._attention(i, add, run.rows, mask)
         sel = method(hidden, mask, attn=attn, keep_ratio=rho, layer=i,
-                     labels=run.labels, protect=protect_first(mask))
+                     labels=run.labels, protect=protect)
         t1 = time.perf_counter()
         state.select_time_s += t1 - t0
         if sel.aux_loss is not None:
             state.aux_losses.append(sel.aux_loss)
         if run.training and sel.soft is not None:
             soft = sel.soft * mask.to(sel.soft.dtype)
-            soft = torch.where(protect_first(mask), torch.ones_like(soft), soft)
+            soft = torch.where(protect, torch.ones_like(soft), soft)
             soft_total = soft if soft_total is None else soft_total * soft
             if state.soft_mode == "multiply":
                 hidden = hidden * soft[..., None]
             else:  # log-mask bias on the keys of every later layer
                 mask4d = _additive(mask, soft_total, hidden.dtype)[:, None, None, :]
             continue
-        keep = sel.keep & mask
+        keep = (sel.keep | protect) & mask  # the host's guarantee, whatever the method did
         if full is not None:
             full = scatter_tokens(full, hidden, index, mask)
         if single:
             pos = keep[0].nonzero().squeeze(1)  # (K',) kept positions, ascending
             if pos.numel() > 0:
                 hidden, index = hidden.index_select(1, pos), index.index_select(1, pos)
+                protect = protect.index_select(1, pos)  # follows its tokens
                 mask = mask.new_ones(1, pos.numel())
                 gathered = True
                 run.kwargs.pop("position_ids", None)
                 state.gather_time_s += time.perf_counter() - t1
                 continue
-        # Traced: K = ⌊ρ·K_prev⌋ from the shape (every row's k = ⌊ρ·n_b⌋ ≤ it, the rest is
-        # padding), not the data-dependent max of the kept counts.
-        size = _static_budget(hidden.shape[1], rho) if run.static else None
-        g, index = gather_tokens(hidden, keep, index, size=size)
+        if run.static:  # the width as a symbolic size; eagerly, gather reads the max back
+            g, index = gather_tokens(hidden, keep, index, size=_traced_width(keep))
+        else:
+            g, index = gather_tokens(hidden, keep, index)
         hidden, mask = g.hidden, g.mask
+        protect = torch.gather(protect, 1, g.index) & mask  # follows its tokens
         gathered = True
         run.kwargs.pop("position_ids", None)
         if soft_total is not None:
@@ -498,7 +511,8 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
                 groups = row_groups(mask.sum(1), group_overhead_tokens())
                 if len(groups) > 1:
                     state.gather_time_s += time.perf_counter() - t1
-                    return _grouped(state, run, i + 1, groups, hidden, mask, index, full)
+                    return _grouped(state, run, i + 1, groups, hidden, mask, index, full,
+                                    protect)
             mask4d = _bidirectional(state, hidden, mask)
         state.gather_time_s += time.perf_counter() - t1
     if full is None:
@@ -513,7 +527,7 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
 
 def _grouped(state: HFEncoderState, run: _Pass, start: int, groups: list[Tensor],
              hidden: Tensor, mask: Tensor, index: Tensor,
-             full: Tensor | None) -> tuple[Tensor, Tensor | None]:
+             full: Tensor | None, protect: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """Layers ``start``, … on each group of rows, cut to the group's longest row (pad slots sit
     at the end of a gathered row), then the groups' outputs back in the rows' places.
 
@@ -529,8 +543,9 @@ def _grouped(state: HFEncoderState, run: _Pass, start: int, groups: list[Tensor]
         m4 = _bidirectional(state, h, m)
         sub_full = None if full is None else full[rows]  # (g, L, d)
         state.gather_time_s += time.perf_counter() - t0
+        prot = None if protect is None else protect[rows, :k]
         parts.append((rows, _layers(state, run, start, h, m, m4, index[rows, :k], sub_full,
-                                    gathered=True)))
+                                    gathered=True, protect=prot)))
         t0 = time.perf_counter()
     if full is not None:
         out = torch.empty_like(full)  # the groups cover every row once
@@ -552,22 +567,26 @@ def _grouped(state: HFEncoderState, run: _Pass, start: int, groups: list[Tensor]
 def _tracing() -> bool:
     """True while torch.export / torch.compile / the TorchScript tracer records the forward.
 
-    The recorded graph must not depend on values: there the loop skips the per-forward
-    statistics and row bucketing (counts read back from tensors), and sizes every gather by
-    :func:`_static_budget` instead of the batch's largest kept count (``.item()``)."""
+    Python must not branch on values there: the loop skips the per-forward statistics and row
+    bucketing (counts read back from tensors) and sizes every gather by :func:`_traced_width`
+    (a symbolic size) instead of a Python int."""
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
-def _static_budget(n, keep_ratio: float):
-    """k = max(1, ⌊n·p / q⌋) with p / q = ρ as a fraction: :func:`attnprune.selection.budget`
-    of a row with n real tokens, for an int or a symbolic size (torch.export's SymInt): the
-    largest kept count of any row of a fixed-budget method on a batch n tokens wide.
+def _traced_width(keep: Tensor):
+    """The gather width K of a traced forward: the batch's largest kept count (CLS and
+    separators included), as a data-dependent size, at least 2.
 
-    Integer arithmetic, not ⌊n·ρ + 1e-9⌋: an exported graph may compute the float product in
-    float32, where 10 · 0.7 = 6.9999999 would drop a kept token. ``export_onnx`` checks that
-    both agree on every length it exports."""
-    frac = Fraction(keep_ratio).limit_denominator(1 << 16)
-    return torch.sym_max(1, n * frac.numerator // frac.denominator)
+    ``.item()`` under torch.export gives an unbacked SymInt, which ONNX carries as a tensor
+    (the Slice that cuts the sorted positions), so the graph keeps exactly the tokens the eager
+    forward keeps, for fixed budgets and thresholds alike. At least 2 because HF's SDPA call
+    branches on ``q_length > 1``, a guard an unbacked size cannot answer; a batch whose rows
+    all keep one token gets one padding slot, masked like any other."""
+    width = keep.shape[1]
+    k = keep.sum(1).max().clamp(2, width).item()
+    torch._check(k >= 2)
+    torch._check(k <= width)
+    return k
 
 
 def _bidirectional(state: HFEncoderState, hidden: Tensor, mask: Tensor):
@@ -595,7 +614,8 @@ def _additive(mask: Tensor, soft: Tensor | None, dtype) -> Tensor:
 def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float] = 0.5,
                      after_layer: int = 1, schedule=None, output: str = "auto",
                      soft_mode: str = "bias", scorer_queries: int = 0,
-                     bucket_rows: bool = True, **method_options) -> HFEncoderState:
+                     bucket_rows: bool = True, protect_token_ids: Sequence[int] | None = None,
+                     **method_options) -> HFEncoderState:
     """Patch a BERT / MiniLM / RoBERTa / DistilBERT model (or its ``*ForSequenceClassification``)
     with token method ``spec``.
 
@@ -607,8 +627,12 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     (0 = exact, all rows; costs one extra L×L attention at the pruning layer);
     ``bucket_rows`` (default True): at inference, after a gather, run the later layers on
     groups of rows with similar kept counts (:func:`attnprune.selection.row_groups`), each cut
-    to its own longest row; same outputs, fewer padded slots. The rest are the method's
-    options. All are checked before the model is touched.
+    to its own longest row; same outputs, fewer padded slots. ``protect_token_ids``: token ids
+    every selection keeps like CLS, e.g. the tokenizer's ``sep_token_id`` (default: the
+    config's ``sep_token_id`` / ``eos_token_id`` / ``bos_token_id`` where set, e.g. RoBERTa's
+    ``<s>`` and ``</s>``); the last real token and each ``token_type_ids`` segment's last token
+    are kept whatever the ids (:func:`attnprune.methods.base.protect_special`). The rest are
+    the method's options. All are checked before the model is touched.
     """
     if not isinstance(bucket_rows, bool):
         raise ValueError(f"bucket_rows must be True or False, got {bucket_rows!r}")  # noqa: TRY004 (patch() contract: ValueError)
@@ -618,6 +642,7 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
         raise ValueError(f"scorer_queries must be an integer ≥ 0, got {scorer_queries!r}")
     if soft_mode not in ("bias", "multiply"):
         raise ValueError(f"soft_mode must be 'bias' or 'multiply', got {soft_mode!r}")
+    protect_ids = _protect_ids(model.config, protect_token_ids)
     family, encoder, layers, qk = _anatomy(model)
     if output == "auto":
         output = _auto_output(model)
@@ -632,11 +657,13 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     param = next(model.parameters(), None)
     if param is not None:
         method.to(device=param.device, dtype=param.dtype)
+    method.train(model.training)  # follow the model's mode (model.eval() came before the patch)
     rho = keep_ratio if isinstance(keep_ratio, (int, float)) else min(sched)
     state = HFEncoderState(spec.name, method, encoder, layers, qk, sched, float(rho), cfg,
                            family, output, soft_mode, bucket_rows)
     state.n_heads = n_heads
     state.scorer_queries = scorer_queries
+    state.protect_ids = protect_ids
     state._want = None
     from transformers.modeling_outputs import (
         BaseModelOutput,
@@ -644,7 +671,7 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     )
 
     state.output_cls = BaseModelOutput if family == "distilbert" else BaseModelOutputWithPastAndCrossAttentions
-    model.add_module("attnprune_method", method)  # trained and saved with the model
+    add_method_module(model, method)  # trained and saved with the model
     if method.needs_attention:
         for q_lin, k_lin in qk:
             state._handles.append(q_lin.register_forward_hook(partial(_capture, state, "q", q_lin)))
@@ -658,8 +685,24 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
 
 
 def _grab_labels(state: HFEncoderState, module, args, kwargs) -> None:
-    """Forward pre-hook on the model: the labels of this forward, for methods that read them."""
+    """Forward pre-hook on the model: the labels of this forward, for methods that read them,
+    and its token ids and segment ids, to find the separators (the encoder sees only
+    embeddings)."""
     state.labels = kwargs.get("labels")
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    state.inputs = (ids if isinstance(ids, Tensor) else None, kwargs.get("token_type_ids"))
+
+
+def _protect_ids(config, ids: Sequence[int] | None) -> tuple[int, ...]:
+    """``protect_token_ids`` checked, or the config's separator-like ids (never padding)."""
+    if ids is None:
+        pad = getattr(config, "pad_token_id", None)
+        found = {getattr(config, k, None) for k in ("sep_token_id", "eos_token_id", "bos_token_id")}
+        return tuple(sorted(int(i) for i in found if isinstance(i, int) and i != pad))
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ValueError(f"protect_token_ids must be a list of token ids (integers ≥ 0), got {ids!r}")
+    return tuple(sorted(set(ids)))
 
 
 def _auto_output(model: nn.Module) -> str:

@@ -60,3 +60,31 @@ def protect_first(mask: Tensor) -> Tensor:
     p = torch.zeros_like(mask, dtype=torch.bool)
     p[:, 0] = True
     return p & mask.bool()
+
+
+def protect_special(mask: Tensor, input_ids: Tensor | None = None,
+                    token_type_ids: Tensor | None = None, special_ids=()) -> Tensor:
+    """(B, L) bool marking the tokens a pruner must keep: CLS (position 0) and every separator.
+
+    A separator ([SEP], ``</s>``) marks where a text ends; dropping it merges a sentence pair
+    into one run of words, which the model never saw in pre-training. Separators are found
+    three ways, so no tokenizer is needed when the inputs tell: the last real token of each row
+    (every BERT / RoBERTa / DistilBERT input ends with one), the last token of each
+    ``token_type_ids`` segment (BERT's first [SEP] of a pair), and any token whose id is in
+    ``special_ids`` (a RoBERTa pair's ``</s></s>`` or DistilBERT's middle [SEP], which have no
+    segment ids). ``mask`` (B, L) marks real tokens; padding is never protected.
+    """
+    mask = mask.bool()
+    p = protect_first(mask)
+    B, L = mask.shape
+    pos = torch.arange(L, device=mask.device).expand(B, L)
+    last = torch.where(mask, pos, torch.full_like(pos, -1)).max(1).values  # (B,) −1: empty row
+    p |= (pos == last[:, None]) & mask
+    if token_type_ids is not None and token_type_ids.shape == mask.shape and L > 1:
+        ends = torch.zeros_like(mask)
+        ends[:, :-1] = token_type_ids[:, :-1] != token_type_ids[:, 1:]
+        p |= ends & mask
+    if input_ids is not None and input_ids.shape == mask.shape and len(special_ids):
+        ids = torch.as_tensor(list(special_ids), device=input_ids.device, dtype=input_ids.dtype)
+        p |= torch.isin(input_ids, ids) & mask
+    return p

@@ -17,6 +17,9 @@ function (eager: QKᵀ, mask, softmax), so this term costs the SDPA fusion while
 
 FFN term. W1 x + b1 is captured with a forward hook on the FFN's first linear layer (BERT
 ``intermediate.dense``, DistilBERT ``ffn.lin1``, GPT-2 ``mlp.c_fc``): no model code copied.
+Gated FFNs (Llama-family act(gate x) ⊙ up x, Phi-3's and ModernBERT's fused projections) are
+penalised on the activated projection (``gate_proj``, the fused layer's first half): that is
+where the activation, and so the sparsity, lives; the host's family table says which.
 The penalty is ‖ReLU(W1x + b1)‖₁ of the pre-activation as in eq. 2, even when the network's
 own activation is GELU (BERT, DistilBERT, GPT-2): GELU(z) ≈ ReLU(z) for z ≫ 0 and ≈ 0 for
 z ≪ 0, so pushing pre-activations below 0 is what makes GELU outputs (near-)zero and the FFN
@@ -35,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from ..registry import register
-from .crisp import allowed_keys, masked_scores, softmax_rows
+from .crisp import allowed_keys, fused_attention, masked_scores, score_bias, softmax_rows
 
 LOCATIONS = ("both", "attention", "ffn")
 
@@ -94,19 +97,23 @@ class CostIncentive(nn.Module):
         aux: list | None = None,
         token_mask: Tensor | None = None,
         need_weights: bool = False,
+        softcap: float | None = None,
+        bias: Tensor | None = None,
         **_,
     ) -> tuple[Tensor, Tensor | None]:
-        """Stock attention; when the attention term is on, also appends λ·α·Σ_h H̄_h to ``aux``."""
+        """Stock attention; when the attention term is on, also appends λ·α·Σ_h H̄_h to ``aux``.
+        The entropy is that of the family's real attention rows (softcap and position terms
+        included); with GQA every query head counts as a head of eq. 2."""
         tq, tk = query.shape[-2], key.shape[-2]
         is_causal = bool(getattr(module, "is_causal", False))
         if not (self.attention_on or need_weights):
-            causal = mask is None and is_causal and tq > 1
-            out = torch.nn.functional.scaled_dot_product_attention(
-                query, key, value, attn_mask=mask, dropout_p=dropout if module.training else 0.0,
-                scale=scaling, is_causal=causal)
-            return out.transpose(1, 2).contiguous(), None
+            out = fused_attention(query, key, value, mask, is_causal=is_causal, scaling=scaling,
+                                  dropout=dropout, training=module.training, softcap=softcap,
+                                  bias=bias)
+            return out, None
         allowed = allowed_keys(mask, is_causal, tq, tk, query.device)
-        probs = softmax_rows(masked_scores(query, key, scaling, allowed))
+        probs = softmax_rows(masked_scores(query, key, scaling, allowed, softcap=softcap,
+                                           bias=score_bias(mask, tk, bias)))
         if self.attention_on and aux is not None:
             h = row_entropy_bits(probs.float())  # (B, H, Tq)
             tm = None if token_mask is None else token_mask[:, None, -tq:]

@@ -11,6 +11,11 @@ Per head and per query the threshold is the k-th largest allowed score of that r
 threshold are all kept, so a row may keep slightly more than k. k ≥ 1, so no row is empty, and
 s = 0 gives k = n: the stock softmax exactly.
 
+S is the score the model's own softmax sees: the host passes the family's terms (Gemma 2's
+logit softcap, MPNet's relative position bias, DeBERTa-v2's disentangled c2p/p2c terms, see
+:func:`score_terms`), and with grouped-query attention the key heads repeated per query head,
+so the top-k is taken per query head.
+
 Gradients pass straight through the kept entries: the threshold is computed without gradient
 (it is a selection, not a function we differentiate), masked entries get −∞ and so a zero
 gradient, and kept entries receive the ordinary softmax gradient. The choice of which entries
@@ -83,19 +88,83 @@ def allowed_keys(
     return None
 
 
-def masked_scores(query: Tensor, key: Tensor, scaling: float, allowed: Tensor | None) -> Tensor:
-    """S = QKᵀ·scaling with disallowed entries at −∞; (B, H, Tq, Tk)."""
+def score_terms(scores: Tensor, allowed: Tensor | None, *, softcap: float | None = None,
+                bias: Tensor | None = None) -> Tensor:
+    """The family's own terms on scaled scores S (B, H, Tq, Tk), then the mask (−∞).
+
+    ``softcap`` c (Gemma 2): S ← c·tanh(S/c), before the mask as in Gemma 2's attention; it is
+    monotone, so top-k picks the same keys, but the softmax differs. ``bias``: additive terms
+    that belong to the scores, broadcastable to S (MPNet's relative position bias, DeBERTa-v2's
+    disentangled c2p + p2c terms); added after the softcap (no family has both)."""
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
+    if allowed is not None:
+        # in place on a tensor made above: no backward needs the overwritten values
+        scores = scores.masked_fill_(~allowed, float("-inf"))
+    return scores
+
+
+def masked_scores(query: Tensor, key: Tensor, scaling: float, allowed: Tensor | None, *,
+                  softcap: float | None = None, bias: Tensor | None = None) -> Tensor:
+    """S = QKᵀ·scaling with the family's terms (:func:`score_terms`) and disallowed entries at
+    −∞; (B, H, Tq, Tk). Query and key have the same number of heads (the host repeats GQA's
+    key/value heads)."""
     # in place on the fresh matmul output: neither op's backward needs the overwritten values
     scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)
-    if allowed is not None:
-        scores.masked_fill_(~allowed, float("-inf"))
-    return scores
+    return score_terms(scores, allowed, softcap=softcap, bias=bias)
+
+
+def score_bias(mask: Tensor | None, tk: int, bias: Tensor | None = None) -> Tensor | None:
+    """``bias`` (the family's own score terms, or None) plus the finite part of an additive
+    float mask.
+
+    HF's own masks are boolean here (``sdpa_mask``) or 0 / finfo.min, which ``allowed_keys``
+    covers. A token method stacked on the same model (``attnprune.patch(..., stack=True)``)
+    passes, in training, soft masks log m̃_j on the keys (``hf_encoder`` ``soft_mode="bias"``,
+    ``hf_causal``'s alive weights); treating them as allowed/not-allowed only would drop the
+    relaxation that lets the token gate learn."""
+    if mask is None or mask.dtype == torch.bool:
+        return bias
+    m = mask[..., -tk:]
+    soft = torch.where(m > torch.finfo(m.dtype).min / 2, m,
+                       torch.zeros((), dtype=m.dtype, device=m.device))
+    return soft if bias is None else bias + soft
 
 
 def softmax_rows(scores: Tensor) -> Tensor:
     """softmax over the last axis; rows with no allowed key (all −∞) give zeros, not NaN."""
     probs = torch.softmax(scores, dim=-1)
     return torch.nan_to_num(probs, nan=0.0)
+
+
+def fused_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, *,
+                    is_causal: bool, scaling: float, dropout: float, training: bool,
+                    softcap: float | None = None, bias: Tensor | None = None) -> Tensor:
+    """softmax(S)V through ``F.scaled_dot_product_attention`` where it can express S; out
+    (B, Tq, H, d). A bias joins the mask as one additive float mask (finfo.min where not
+    allowed, as HF's eager paths do, so a row with no allowed key is uniform, not NaN); the
+    softcap's tanh has no fused form, so softcapped families take the dense path."""
+    tq, tk = query.shape[-2], key.shape[-2]
+    p = dropout if training else 0.0
+    if softcap:
+        allowed = allowed_keys(mask, is_causal, tq, tk, query.device)
+        probs = softmax_rows(masked_scores(query, key, scaling, allowed, softcap=softcap,
+                                          bias=bias)).to(value.dtype)
+        probs = F.dropout(probs, p=p, training=training)
+        return torch.matmul(probs, value).transpose(1, 2).contiguous()
+    causal = False
+    if bias is not None:
+        allowed = allowed_keys(mask, is_causal, tq, tk, query.device)
+        mask = bias.to(query.dtype)
+        if allowed is not None:  # where() broadcasts a (1, H, ·) bias against a (B, 1, ·) mask
+            mask = torch.where(allowed, mask, torch.finfo(query.dtype).min)
+    else:
+        causal = mask is None and is_causal and tq > 1
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=p,
+                                         scale=scaling, is_causal=causal)
+    return out.transpose(1, 2).contiguous()
 
 
 def topk_row_mask(scores: Tensor, sparsity: float) -> Tensor:
@@ -168,13 +237,18 @@ class CrispAttention(nn.Module):
         scaling: float,
         layer: int,
         need_weights: bool = False,
+        softcap: float | None = None,
+        bias: Tensor | None = None,
         **_,
     ) -> tuple[Tensor, Tensor]:
-        """Attention with per-row top-k scores; returns (out (B, Tq, H, d), probs)."""
+        """Attention with per-row top-k scores; returns (out (B, Tq, H, d), probs). The top-k
+        acts on the scores the family's softmax sees (softcap and bias included: MPNet's
+        relative bias and DeBERTa's disentangled terms decide which keys count as largest)."""
         tq, tk = query.shape[-2], key.shape[-2]
         allowed = allowed_keys(mask, bool(getattr(module, "is_causal", False)), tq, tk,
                                query.device)
-        scores = masked_scores(query, key, scaling, allowed)
+        scores = masked_scores(query, key, scaling, allowed, softcap=softcap,
+                               bias=score_bias(mask, tk, bias))
         if self.schedule == "adaptive" and self.training:
             self._update_entropy(layer, scores)
         s = self.layer_sparsity()[layer]

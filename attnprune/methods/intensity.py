@@ -26,8 +26,11 @@ tests compare against.
 
 Predictor input: the hidden state the attention module receives (its ``hidden_states``
 argument, i.e. x_i of eq. 3: the layer input for BERT/DistilBERT, ln_1(x) for GPT-2), captured
-by the host with a forward pre-hook on the attention module; positions are the query positions
-0..T−1 (offset by the cache length in decoding). One predictor per layer.
+by the host with a forward pre-hook on the attention module; positions are the model's own
+position ids when it passes them to its attention (Llama-family decoders), else the query
+positions 0..T−1 (offset by the cache length in decoding). One predictor per layer (per depth
+in ALBERT, whose layers share one attention module). With grouped-query attention the factors
+are per query head (``n_heads`` = query heads): (I ⊙ Q)Kᵀ never needs the key heads.
 
 ``fixed=1.0`` replaces the predictor by a constant factor: 1 reproduces the stock model.
 """
@@ -39,7 +42,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..registry import register
-from .crisp import allowed_keys, masked_scores, softmax_rows
+from .crisp import (
+    allowed_keys,
+    fused_attention,
+    masked_scores,
+    score_bias,
+    score_terms,
+    softmax_rows,
+)
 
 POS_WEIGHT = 0.1  # eq. 3 of the paper
 
@@ -66,10 +76,11 @@ class IntensityPredictor(nn.Module):
         self.lo, self.hi, self.residual = lo, hi, residual
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Intensity factors (B, H', T) in [lo, hi] for hidden states x (B, T, d)."""
+        """Intensity factors (B, H', T) in [lo, hi] for hidden states x (B, T, d) at
+        ``positions`` (T,) or (B, T)."""
         z = self.norm(x)  # (B, T, d)
-        if self.pos is not None:
-            z = z + POS_WEIGHT * self.pos(positions)[None]
+        if self.pos is not None:  # positions (T,) or (1|B, T)
+            z = z + POS_WEIGHT * self.pos(positions if positions.dim() == 2 else positions[None])
         h1 = F.relu(self.fc1(z))
         h = F.relu(self.fc2(h1))
         if self.residual:
@@ -128,17 +139,29 @@ class IntensityModulation(nn.Module):
             )
 
     def intensity(self, hidden: Tensor | None, layer: int, tq: int, tk: int, batch: int,
-                  device: torch.device) -> Tensor:
-        """Factors (B, H'|1, Tq) for the queries of ``layer``; H' broadcasts over heads."""
+                  device: torch.device, positions: Tensor | None = None) -> Tensor:
+        """Factors (B, H'|1, Tq) for the queries of ``layer``; H' broadcasts over heads.
+
+        ``positions``: the queries' position ids (1|B, ≥ Tq; the last Tq are the queries') when
+        the model passes them to its attention (Llama-family decoders do) or to its forward
+        (``generate`` does, for left-padded rows): they stay right when a sliding-window cache
+        keeps fewer keys than positions seen. Otherwise the queries are the last Tq of Tk keys.
+        """
         if self.fixed is not None:
             return torch.full((1, 1, tq), float(self.fixed), device=device)
         if hidden is None:
             raise RuntimeError("intensity: the host did not capture the layer's hidden state")
-        positions = torch.arange(tk - tq, tk, device=device)
-        if int(positions[-1]) >= self.max_positions:
+        if positions is not None and positions.dim() == 1:
+            positions = positions[None]
+        if positions is not None and positions.dim() == 2 and positions.shape[-1] >= tq:
+            positions = positions[:, -tq:]
+        else:
+            positions = torch.arange(tk - tq, tk, device=device)[None]
+        positions = positions.to(device=device, dtype=torch.long).clamp_min(0)
+        if int(positions.max()) >= self.max_positions:
             raise ValueError(
-                f"max_positions: sequence position {int(positions[-1])} exceeds the predictor's "
-                f"{self.max_positions} positions"
+                f"max_positions: sequence position {int(positions.max())} exceeds the "
+                f"predictor's {self.max_positions} positions"
             )
         return self.predictors[layer](hidden[:, -tq:], positions)
 
@@ -155,24 +178,33 @@ class IntensityModulation(nn.Module):
         layer: int,
         hidden: Tensor | None = None,
         need_weights: bool = False,
+        softcap: float | None = None,
+        bias: Tensor | None = None,
+        positions: Tensor | None = None,
         **_,
     ) -> tuple[Tensor, Tensor | None]:
-        """Modulated attention; out (B, Tq, H, d). ``need_weights`` forces the eager path."""
+        """Modulated attention; out (B, Tq, H, d). ``need_weights`` forces the eager path.
+
+        I scales the content scores QKᵀ only: a family's own terms (Gemma 2's softcap, applied
+        to the modulated scores; MPNet's and DeBERTa's position terms, added unscaled) keep
+        their meaning, and I = 1 is the stock model in every family."""
         b, _, tq, _ = query.shape
         tk = key.shape[-2]
-        inten = self.intensity(hidden, layer, tq, tk, b, query.device)[..., None]  # (B,H',Tq,1)
+        inten = self.intensity(hidden, layer, tq, tk, b, query.device,
+                               positions)[..., None]  # (B, H', Tq, 1)
         is_causal = bool(getattr(module, "is_causal", False))
         if self.path == "eager" or need_weights:
             allowed = allowed_keys(mask, is_causal, tq, tk, query.device)
-            # eq. 8 literally: I ⊙ (QKᵀ) then /√d_k (scaling), disallowed entries −∞
-            scores = masked_scores(query, key, 1.0, allowed) * inten.to(query.dtype) * scaling
+            # eq. 8 literally: I ⊙ (QKᵀ) then /√d_k (scaling), then the family's terms, the
+            # soft token masks of a stacked token method, and the mask (disallowed entries −∞)
+            scores = masked_scores(query, key, 1.0, None) * inten.to(query.dtype) * scaling
+            scores = score_terms(scores, allowed, softcap=softcap, bias=score_bias(mask, tk, bias))
             probs = softmax_rows(scores).to(value.dtype)
             probs = F.dropout(probs, p=dropout, training=module.training)
             return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
         # (I ⊙ Q)Kᵀ = I ⊙ QKᵀ since I_ij = I_i: stays inside the fused kernel
         q = query * inten.to(query.dtype)
-        causal = mask is None and is_causal and tq > 1
-        out = F.scaled_dot_product_attention(
-            q, key, value, attn_mask=mask, dropout_p=dropout if module.training else 0.0,
-            scale=scaling, is_causal=causal)
-        return out.transpose(1, 2).contiguous(), None
+        out = fused_attention(q, key, value, mask, is_causal=is_causal, scaling=scaling,
+                              dropout=dropout, training=module.training, softcap=softcap,
+                              bias=bias)
+        return out, None
