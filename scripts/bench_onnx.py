@@ -11,7 +11,8 @@ export serves every shape below. For each batch B × length L (random token ids,
 and each pruned file it prints the measured FLOPs ratio pruned / full (PyTorch,
 FlopCounterMode), the onnxruntime wall-time ratio pruned / full (all files timed round-robin
 in this one process, :func:`attnprune.measure.time_interleaved`, medians), and max |logit
-difference| between onnxruntime and the PyTorch patched model on that input. ``--threads``
+difference| between onnxruntime and the PyTorch patched model on that input. ``ort cpu``:
+the ratio in process CPU time of the same calls (time waiting for a core left out). ``--threads``
 intra-op threads for onnxruntime and torch alike; the load average is printed before and
 after. ``--torch`` adds the PyTorch eager ratio, timed in the same rounds. Not a test:
 timings are noisy; compare ratios, not milliseconds.
@@ -22,7 +23,10 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import statistics
 import tempfile
+import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"attention_mass on MiniLM-L6, onnxruntime {ort_version()} CPU, {args.threads} "
           f"thread(s), interleaved rounds, medians; load average {os.getloadavg()}")
     head = (f"{'batch':>5} {'L':>4} {'pruned':>16} {'FLOPs':>6} {'ort wall':>8} "
-            f"{'wall/FLOPs':>10} {'ort full ms':>11} {'ort ms':>8} {'max|Δlogit|':>11}")
+            f"{'wall/FLOPs':>10} {'ort cpu':>7} {'ort full ms':>11} {'ort ms':>8} {'max|Δlogit|':>11}")
     print(head + (f" {'torch wall':>10}" if args.torch else ""))
     g = torch.Generator().manual_seed(0)
     for B in map(int, args.batches.split(",")):
@@ -78,7 +82,14 @@ def main(argv: list[str] | None = None) -> int:
                     ref = m(**x).logits
                     got = torch.as_tensor(run_onnx(sess[name], x)["logits"])
                     diff[name] = (got - ref).abs().max().item()
-            fns = {name: (lambda s=s, x=x: run_onnx(s, x)) for name, s in sess.items()}
+            cpu = {name: [] for name in sess}  # process CPU time of the same calls
+
+            def ort_call(name, x=x, cpu=cpu):
+                t0 = time.process_time()
+                run_onnx(sess[name], x)
+                cpu[name].append(time.process_time() - t0)
+
+            fns = {name: partial(ort_call, name) for name in sess}
             if args.torch:
                 for name, m in models.items():
                     def run(m=m, x=x):
@@ -88,11 +99,14 @@ def main(argv: list[str] | None = None) -> int:
             t = time_interleaved(fns, repeats=args.repeats if B > 1 else args.repeats_b1,
                                  warmup=2)
             med = {k: v.median_s for k, v in t.items()}
+            cmed = {k: statistics.median(v[-len(t[k].times_s):]) for k, v in cpu.items()}
             for name in models:
                 if name == "full":
                     continue
                 rf, rt = flops[name] / flops["full"], med[name] / med["full"]
+                rc = cmed[name] / cmed["full"]
                 line = (f"{B:>5} {L:>4} {name:>16} {rf:6.3f} {rt:8.3f} {rt / rf:10.2f} "
+                        f"{rc:7.3f} "
                         f"{med['full'] * 1e3:11.1f} {med[name] * 1e3:8.1f} "
                         f"{diff[name]:11.2e}")
                 if args.torch:
