@@ -327,27 +327,46 @@ class HFEncoderState(PatchState):
         kk = k.view(B, L, H, dh).permute(0, 2, 3, 1)  # (B, H, dh, L)
         bias = keymask_add.to(q.dtype)[:, None, None, :]  # (B, 1, 1, L)
 
-        def probs(lo: int, hi: int) -> Tensor:
-            b = hi - lo
-            s = torch.baddbmm(bias[lo:hi].expand(b, H, 1, L).reshape(b * H, 1, L),
-                              qq[lo:hi].reshape(b * H, R, dh), kk[lo:hi].reshape(b * H, dh, L))
-            return torch.softmax(s, -1).view(b, H, R, L)
+        def scores(lo: int, hi: int, r0: int = 0, r1: int | None = None) -> Tensor:
+            b = hi - lo  # rows lo:hi of the batch, query rows r0:r1 → (b·H, r, L) logits
+            qs = qq[lo:hi] if r1 is None else qq[lo:hi, :, r0:r1]
+            r = qs.shape[2]
+            return torch.baddbmm(bias[lo:hi].expand(b, H, 1, L).reshape(b * H, 1, L),
+                                 qs.reshape(b * H, r, dh), kk[lo:hi].reshape(b * H, dh, L))
 
         if rows != "received":
-            out = probs(0, B)
+            out = torch.softmax(scores(0, B), -1).view(B, H, R, L)
         else:
             if w is None:  # exact: every real query, weight m_i / n
                 w = mask.to(q.dtype) / mask.sum(1, keepdim=True).clamp_min(1).to(q.dtype)
-            # ≤ 4 M probabilities per chunk; one chunk when traced (range() over a symbolic
-            # batch size would fix it to the example's)
-            step = None if _tracing() else max(1, (1 << 22) // max(H * R * L, 1))
-            starts = [0] if step is None else range(0, B, step)
-            out = torch.cat([torch.einsum("bhij,bi->bhj", probs(lo, B if step is None
-                                                                else min(lo + step, B)),
-                                          w if step is None else w[lo:lo + step])
-                             for lo in starts])[:, :, None, :]  # (B, H, 1, L)
+            if _tracing():  # one piece: range() over a symbolic batch size would fix it
+                out = torch.einsum("bhij,bi->bhj", torch.softmax(scores(0, B), -1).view(
+                    B, H, R, L), w)[:, :, None, :]
+            else:
+                out = self._received(scores, w, B, H, R, L)
         self.scorer_time_s += time.perf_counter() - t0
         return out
+
+    @staticmethod
+    def _received(scores, w: Tensor, B: int, H: int, R: int, L: int) -> Tensor:
+        """Σ_i w_i softmax(scores)_ij per head, (B, H, 1, L), in pieces: ≤ 4 M probabilities
+        over batch rows; a row above 0.5 M (L ≳ 200) goes one row at a time in blocks of query
+        rows with ≤ 0.5 M probabilities, which stay in cache from the matmul through the
+        softmax to the weighted sum (B = 1, L = 512, 1 thread: 11.3 → 7.3 ms CPU, measured)."""
+        per_row = H * R * L
+        step = 1 if per_row > 1 << 19 else max(1, (1 << 22) // max(per_row, 1))
+        block = R if per_row <= 1 << 19 else max(1, (1 << 19) // (H * L))
+        parts = []
+        for lo in range(0, B, step):
+            hi = min(lo + step, B)
+            b = hi - lo
+            acc = w.new_zeros(b * H, 1, L)
+            for r0 in range(0, R, block):
+                p = torch.softmax(scores(lo, hi, r0, r0 + block), -1)  # (b·H, r, L)
+                wr = w[lo:hi, None, r0:r0 + block].expand(b, H, -1).reshape(b * H, 1, -1)
+                acc.baddbmm_(wr, p)
+            parts.append(acc.view(b, H, 1, L))
+        return torch.cat(parts)
 
 
 # ----------------------------------------------------------------------------- the loop
