@@ -14,8 +14,8 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 pytest.importorskip("onnx")
 
-from attnprune.deploy.onnx import export_onnx, onnx_session, run_onnx  # noqa: E402
-from attnprune.selection import budget  # noqa: E402
+from attnprune.deploy.onnx import export_onnx, onnx_session, run_onnx
+from attnprune.selection import budget
 
 KW = {"hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,
       "intermediate_size": 64, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
