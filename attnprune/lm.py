@@ -24,6 +24,9 @@ at every evaluation; a killed run resumes from the last one when rerun with the 
 Results (DESIGN.md contract): ``summary.json`` (perplexity, kept ratio per layer, measured and
 effective FLOPs, wall time, generation tokens/s, all relative to the unpruned model measured
 in the same process), ``history.json``, ``metrics.csv``, figures from :mod:`attnprune.lm_figures`.
+The trained model is saved twice: ``model.safetensors`` (the weights ``--init`` reads) and
+``model/`` (:func:`attnprune.save_pretrained`: the patched model back in one line with
+``attnprune.from_pretrained("…/model")``, no pickles).
 """
 
 from __future__ import annotations
@@ -568,7 +571,10 @@ def run_lm(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
         api.patch(model, cfg.method, **cfg.options)
     history = rd.read_json("history.json") if (rd.path / "history.json").is_file() else []
     history = train(model, data, cfg, rd, history)
-    save_weights(model, rd.path / "model.safetensors")
+    save_weights(model, rd.path / "model.safetensors")  # what ``--init`` reads
+    from .hub import save_pretrained
+
+    save_pretrained(model, rd.path / "model")  # the patched model: attnprune.from_pretrained
     ev = evaluate(model, vx, vy)
     x_bench = vx[: min(8, len(vx))]
     costs = measure_costs(model, x_bench, cfg, ev["kept_per_layer"], data)

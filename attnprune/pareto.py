@@ -9,8 +9,11 @@ One results folder holds every point of the front, each scored on the same test 
 * ``layers=N`` for N in ``layer_drop``: the first N layers of that seed's full model
   (:func:`attnprune.baselines.keep_first_layers`), fine-tuned ``epochs`` more with
   distillation from it (the strongest simple layer-dropping recipe);
-* ``<method>@ρ/L<l>`` for each entry of ``prune``: the full model patched with the token
-  method (``attnprune.patch``), fine-tuned the same way (pruning-aware, distilled);
+* ``<method>[:<options>]@ρ/L<l>`` for each entry of ``prune`` (``attention_mass:cls@0.35/L1``):
+  the full model patched with the token method (``attnprune.patch``), fine-tuned the same
+  way (pruning-aware, distilled); with ``layers: N`` in the entry (label ``…/depthN``), the
+  first N layers of the full model are kept and then pruned: token pruning composed with
+  layer-dropping, the way it composes with int8;
 * ``… +int8`` for every one of these (``int8: true``): the trained model after dynamic int8
   quantization of its Linear layers (:func:`attnprune.deploy.quantize_int8`), scored on CPU.
 
@@ -133,10 +136,18 @@ class ParetoConfig:
         for i, p in enumerate(self.prune):
             if not isinstance(p, dict):
                 raise ValueError(f"prune[{i}]: expected a mapping with 'method', got {p!r}")  # noqa: TRY004 (config contract: ValueError naming the field)
-            unknown = set(p) - {"method", "keep_ratio", "after_layer", "schedule", "options"}
+            unknown = set(p) - {"method", "keep_ratio", "after_layer", "schedule", "options",
+                                "layers"}
             if unknown:
                 raise ValueError(f"prune[{i}].{min(unknown)}: unknown key (known: method, "
-                                 "keep_ratio, after_layer, schedule, options)")
+                                 "keep_ratio, after_layer, schedule, options, layers)")
+            depth = p.get("layers")
+            if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int)
+                                      or depth < 1):
+                raise ValueError(f"prune[{i}].layers: must be an integer ≥ 1, got {depth!r}")
+            if depth is not None and int(p.get("after_layer", 1)) >= depth:
+                raise ValueError(f"prune[{i}].after_layer: must be below layers ({depth}) so "
+                                 f"some layer runs on the kept tokens, got {p.get('after_layer', 1)}")
             if "method" not in p:
                 raise ValueError(f"prune[{i}].method: missing")
             spec = registry.get(p["method"])  # ValueError naming an unknown method
@@ -159,33 +170,47 @@ class ParetoConfig:
             rhos = list(rhos) if isinstance(rhos, (list, tuple)) else [rhos]
             if isinstance(p.get("schedule"), (list, tuple)):
                 rhos = rhos[:1]  # the list schedule fixes every layer's ratio: one point
+            # the options are part of the name: two scorers at one ρ are two points
+            opts = ",".join(f"{v}" if k == "variant" else f"{k}={v}"
+                            for k, v in sorted(p.get("options", {}).items()))
+            name = p["method"] + (f":{opts}" if opts else "")
             for rho in rhos:
                 after = int(p.get("after_layer", 1))
                 sched = p.get("schedule", "single")
                 if isinstance(sched, (list, tuple)):  # per-layer cumulative keep ratios
-                    label = f"{p['method']}@[{','.join(f'{r:g}' for r in sched)}]"
+                    label = f"{name}@[{','.join(f'{r:g}' for r in sched)}]"
                 else:
                     suffix = "" if sched in (None, "single") else f"/{sched}"
-                    label = f"{p['method']}@{rho:g}/L{after}{suffix}"
+                    label = f"{name}@{rho:g}/L{after}{suffix}"
+                depth = p.get("layers")
+                if depth is not None:
+                    label += f"/depth{depth}"
                 pts.append({"label": label, "kind": "prune",
                             "method": p["method"], "keep_ratio": float(rho), "after_layer": after,
-                            "schedule": sched, "options": dict(p.get("options", {}))})
+                            "schedule": sched, "options": dict(p.get("options", {})),
+                            "layers": depth})
         return pts
 
 
 # ----------------------------------------------------------------------------- building
+def shape(model, point: dict):
+    """Give ``model`` (in place) the point's structure: its first ``layers`` layers (layer-drop
+    points, and pruned points with a depth), then the token method's patch."""
+    from .baselines import keep_first_layers
+
+    if point.get("layers") is not None and point["kind"] in ("layers", "prune"):
+        keep_first_layers(model, point["layers"])
+    if point["kind"] == "prune":
+        api.patch(model, point["method"], keep_ratio=point["keep_ratio"],
+                  after_layer=point["after_layer"], schedule=point["schedule"],
+                  **point["options"])
+    return model
+
+
 def build(base, point: dict, *, int8: bool = False):
     """A copy of ``base`` (a loaded model) given the point's structure: truncated, patched,
     and with ``int8`` quantized (on CPU). The copy is independent of ``base``."""
-    from .baselines import keep_first_layers
-
-    m = copy.deepcopy(base)
-    if point["kind"] == "layers":
-        keep_first_layers(m, point["layers"])
-    elif point["kind"] == "prune":
-        api.patch(m, point["method"], keep_ratio=point["keep_ratio"],
-                  after_layer=point["after_layer"], schedule=point["schedule"],
-                  **point["options"])
+    m = shape(copy.deepcopy(base), point)
     if int8:
         from .deploy import quantize_int8
 
@@ -231,7 +256,6 @@ def predict(model, loader, *, progress: bool = False, desc: str = "eval") -> dic
 # ----------------------------------------------------------------------------- phase 1
 def train_phase(cfg: ParetoConfig, results: ResultsDir, data) -> None:
     """Every (point, seed) run not yet finished: train, score on test, int8 variant."""
-    from .baselines import keep_first_layers
     from .finetune import load_model, load_weights, save_weights
     from .train import fit
 
@@ -268,12 +292,7 @@ def train_phase(cfg: ParetoConfig, results: ResultsDir, data) -> None:
             else:
                 load_weights(model, full_dir / "model.safetensors")
                 teacher = copy.deepcopy(model).eval()
-                if point["kind"] == "layers":
-                    keep_first_layers(model, point["layers"])
-                else:
-                    api.patch(model, point["method"], keep_ratio=point["keep_ratio"],
-                              after_layer=point["after_layer"], schedule=point["schedule"],
-                              **point["options"])
+                shape(model, point)
                 if results.run_done(key):
                     record = results.load_run(key)
                 else:
@@ -532,7 +551,8 @@ def _family(label: str) -> str:
         return "full"
     if base.startswith("layers="):
         return "layer-drop"
-    return base.split("@")[0]
+    depth = base.rpartition("/depth")[2] if "/depth" in base else None
+    return base.split("@")[0] + (f" ({depth} layers)" if depth else "")
 
 
 def _lat(e: dict, bs: str, order: str = "fair") -> float | None:

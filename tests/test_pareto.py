@@ -76,6 +76,40 @@ def test_layer_dropped_model_can_be_patched_and_quantized():
     assert attnprune.patch_state(q).stats["kept_ratio"] < 1
 
 
+def test_pruned_point_with_a_depth_is_truncated_then_patched():
+    """``layers: N`` in a prune entry: the first N layers, then the patch (its own label and
+    family, so the verdict does not count it as a layer-drop point)."""
+    from attnprune.pareto import _family, build
+
+    cfg = ParetoConfig(layer_drop=(2,), prune=(
+        {"method": "attention_mass", "keep_ratio": 0.5, "after_layer": 1, "layers": 3},
+        {"method": "attention_mass", "keep_ratio": 0.5, "after_layer": 1, "options": {"variant": "cls"}},
+        {"method": "attention_mass", "keep_ratio": 0.5, "after_layer": 1, "options": {"variant": "mean"}}))
+    pt, cls, mean = cfg.points()[-3:]
+    assert pt["label"] == "attention_mass@0.5/L1/depth3"
+    assert _family(pt["label"]) == "attention_mass (3 layers)"
+    assert _family(pt["label"] + "+int8") == "attention_mass (3 layers)"
+    # two scorers at one ρ are two points (the options are in the name)
+    assert (cls["label"], mean["label"]) == ("attention_mass:cls@0.5/L1", "attention_mass:mean@0.5/L1")
+    torch.manual_seed(0)
+    base = BertForSequenceClassification(BertConfig(vocab_size=50, num_hidden_layers=4, **KW)).eval()
+    m = build(base, pt)
+    assert len(m.bert.encoder.layer) == 3 and len(base.bert.encoder.layer) == 4
+    x = torch.randint(5, 50, (2, 12))
+    with torch.no_grad():
+        m(input_ids=x)
+    assert attnprune.patch_state(m).stats["kept_ratio"] < 1
+    # ρ = 1 on the truncated model equals the truncated model itself
+    one = build(base, {**pt, "keep_ratio": 1.0})
+    ref = build(base, {"kind": "layers", "layers": 3})
+    with torch.no_grad():
+        torch.testing.assert_close(one(input_ids=x).logits, ref(input_ids=x).logits, rtol=0, atol=1e-6)
+    with pytest.raises(ConfigError, match="prune\\[0\\].after_layer"):
+        parse_command_line(["--prune", "[{method: random, after_layer: 2, layers: 2}]"], ParetoConfig)
+    with pytest.raises(ConfigError, match="prune\\[0\\].layers"):
+        parse_command_line(["--prune", "[{method: random, layers: 0}]"], ParetoConfig)
+
+
 def test_paired_over_seeds_counts_discordant_pairs():
     y = np.array([0, 1, 1, 0, 1, 0])
     preds = {("a", 0): {"y_true": y, "y_pred": y.copy()},

@@ -94,6 +94,15 @@ class Family:
     ``depth``: for families whose layers share one module (ALBERT), the number of times the
     shared attention runs per forward; each run is its own layer for the method.
     ``refused``: why the family cannot be patched (a ValueError says it).
+
+    Facts the token host (``hf_encoder``) reads:
+    ``token``: the name of the encoder's anatomy in ``hf_encoder_families.ANATOMIES`` (where the
+    layers live, what a layer call takes, the position terms a gathered token must keep);
+    None = not an encoder that host serves (decoders have their own token hosts).
+    ``token_refused``: why token methods cannot run on the family (a ValueError says it).
+    ``cls_head``: ``*ForSequenceClassification`` class names whose head reads only
+    ``hidden[:, 0]`` (CLS, kept at position 0 by every gather), so the token host may return
+    the short gathered batch (``output="auto"``).
     """
 
     attention: tuple[str, ...] = ()
@@ -102,6 +111,9 @@ class Family:
     scores: str = "interface"
     depth: Callable[[object], int] | None = None
     refused: str | None = None
+    token: str | None = None
+    token_refused: str | None = None
+    cls_head: tuple[str, ...] = ()
 
 
 _BERT_FFN = ("intermediate.dense",)
@@ -109,12 +121,18 @@ _BERT_FFN = ("intermediate.dense",)
 # cost paper's ReLU(W1x + b1) term asks for) is on gate_proj; up_proj is linear, sign-symmetric.
 _GATED_FFN = ("mlp.gate_proj",)
 FAMILIES: dict[str, Family] = {
-    "bert": Family(ffn=_BERT_FFN),
-    "roberta": Family(ffn=_BERT_FFN),
-    "xlm-roberta": Family(ffn=_BERT_FFN),
-    "camembert": Family(ffn=_BERT_FFN),
-    "electra": Family(ffn=_BERT_FFN),
-    "distilbert": Family(ffn=("ffn.lin1",)),
+    "bert": Family(ffn=_BERT_FFN, token="bert", cls_head=("BertForSequenceClassification",)),
+    "roberta": Family(ffn=_BERT_FFN, token="bert",
+                      cls_head=("RobertaForSequenceClassification",)),
+    "xlm-roberta": Family(ffn=_BERT_FFN, token="bert",
+                          cls_head=("XLMRobertaForSequenceClassification",)),
+    "camembert": Family(ffn=_BERT_FFN, token="bert",
+                        cls_head=("CamembertForSequenceClassification",)),
+    # ELECTRA projects its embeddings to the hidden width before the encoder (outside the loop)
+    "electra": Family(ffn=_BERT_FFN, token="bert",
+                      cls_head=("ElectraForSequenceClassification",)),
+    "distilbert": Family(ffn=("ffn.lin1",), token="distilbert",
+                         cls_head=("DistilBertForSequenceClassification",)),
     "gpt2": Family(ffn=("mlp.c_fc",)),
     "llama": Family(ffn=_GATED_FFN),
     "mistral": Family(ffn=_GATED_FFN),
@@ -125,17 +143,27 @@ FAMILIES: dict[str, Family] = {
     "phi3": Family(ffn=("mlp.gate_up_proj",), ffn_first_half=True),
     # one AlbertLayer per (group, inner index), run num_hidden_layers times in turn
     "albert": Family(ffn=("ffn",),
-                     depth=lambda c: c.num_hidden_layers * c.inner_group_num),
-    "mpnet": Family(attention=("MPNetSelfAttention",), ffn=_BERT_FFN, scores="mpnet"),
+                     depth=lambda c: c.num_hidden_layers * c.inner_group_num,
+                     token="albert", cls_head=("AlbertForSequenceClassification",)),
+    "mpnet": Family(attention=("MPNetSelfAttention",), ffn=_BERT_FFN, scores="mpnet",
+                    token="mpnet", cls_head=("MPNetForSequenceClassification",)),
     "deberta-v2": Family(attention=("DisentangledSelfAttention",), ffn=_BERT_FFN,
-                         scores="deberta"),
-    # no ``scaling`` attribute (it passes head_dim**-0.5 to the interface), hence the name
+                         scores="deberta", token="deberta",
+                         cls_head=("DebertaV2ForSequenceClassification",)),
+    # no ``scaling`` attribute (it passes head_dim**-0.5 to the interface), hence the name;
+    # no cls_head: its classifier pools by config (``classifier_pooling`` "mean" reads every
+    # position)
     "modernbert": Family(attention=("ModernBertAttention",), ffn=("mlp.Wi",),
-                         ffn_first_half=True),
+                         ffn_first_half=True, token="modernbert"),
     "deberta": Family(refused=(
         "DeBERTa v1 computes its scores inside its own forward (a fused in_proj, its own "
         "c2p/p2c terms, optional talking-head mixing of the scores across heads) and no "
-        "adapter is written for it; DeBERTa-v2/v3 (model_type 'deberta-v2') is supported")),
+        "adapter is written for it; DeBERTa-v2/v3 (model_type 'deberta-v2') is supported"),
+        token_refused=(
+        "DeBERTa v1's relative positions are built inside its encoder for consecutive tokens "
+        "and no anatomy is written for it (hf_encoder_families), so gathered tokens would lose "
+        "their original relative positions; DeBERTa-v2/v3 (model_type 'deberta-v2') is "
+        "supported")),
 }
 
 
@@ -348,12 +376,13 @@ def _mpnet_forward(module, hidden_states, attention_mask=None, position_bias=Non
     return (o, probs) if output_attentions else (o,)
 
 
-def _deberta_forward(module, hidden_states, attention_mask, output_attentions=False,
-                     query_states=None, relative_pos=None, rel_embeddings=None):
+def deberta_terms(module, hidden_states, query_states=None, relative_pos=None,
+                  rel_embeddings=None):
     """DisentangledSelfAttention (DeBERTa-v2/v3): S = QKᵀ/√(d·f) + c2p + p2c, f = 1 + number
-    of position terms. The c2p/p2c terms come from the module's own
-    ``disentangled_attention_bias`` (on its (B·H, T, d) layout) and enter as the bias."""
-    state = module.__dict__[STATE_ATTR]
+    of position terms. Returns q, k, v (B, H, T, d), the c2p + p2c terms (B, H, Tq, Tk) or
+    None, and the scaling (d·f)^-½, from the module's own layers and its
+    ``disentangled_attention_bias`` (on its (B·H, T, d) layout). Also used by the token host
+    (``hf_encoder_families``) for DeBERTa's soft-mask path."""
     h = module.num_attention_heads
     x_q = hidden_states if query_states is None else query_states
     q = module.transpose_for_scores(module.query_proj(x_q), h)  # (B·H, Tq, d)
@@ -369,12 +398,22 @@ def _deberta_forward(module, hidden_states, attention_mask, output_attentions=Fa
     def four_d(x):
         return x.view(b, h, *x.shape[1:])
 
+    return (four_d(q), four_d(k), four_d(v), None if bias is None else four_d(bias),
+            (q.shape[-1] * factor) ** -0.5)
+
+
+def _deberta_forward(module, hidden_states, attention_mask, output_attentions=False,
+                     query_states=None, relative_pos=None, rel_embeddings=None):
+    """DisentangledSelfAttention's scores (:func:`deberta_terms`): the c2p/p2c terms enter
+    as the bias."""
+    state = module.__dict__[STATE_ATTR]
+    q, k, v, bias, scaling = deberta_terms(module, hidden_states, query_states, relative_pos,
+                                           rel_embeddings)
     if query_states is not None:  # the intensity predictor reads what the queries come from
         state.hidden[state.current] = query_states
     out, probs = state.attention_fn(
-        module, four_d(q), four_d(k), four_d(v), attention_mask.bool(),
-        dropout=module.dropout.p if module.training else 0.0,
-        scaling=(q.shape[-1] * factor) ** -0.5, bias=None if bias is None else four_d(bias))
+        module, q, k, v, attention_mask.bool(),
+        dropout=module.dropout.p if module.training else 0.0, scaling=scaling, bias=bias)
     return out.flatten(2), (probs if output_attentions else None)
 
 

@@ -1,4 +1,7 @@
-"""Token pruning inside stock Hugging Face encoders: BERT (and MiniLM), RoBERTa, DistilBERT.
+"""Token pruning inside stock Hugging Face encoders: BERT (and MiniLM), RoBERTa, DistilBERT,
+XLM-R, CamemBERT, ELECTRA, ALBERT, MPNet, DeBERTa-v2/v3, ModernBERT (what differs between
+them: ``hf_attention.FAMILIES`` and the anatomies of ``hf_encoder_families``; the table of
+what is tested: ``docs/families.md``).
 
 The host wraps only the encoder loop (``BertEncoder.forward`` / ``Transformer.forward``): the
 stock layers, embeddings, pooler and heads run unchanged. After the layers named by the
@@ -212,28 +215,35 @@ def parse_schedule(
 
 # ----------------------------------------------------------------------------- model anatomy
 def _family(model: nn.Module) -> str | None:
-    """'bert' (BERT, MiniLM, RoBERTa: same layer anatomy) or 'distilbert'; None otherwise."""
-    from transformers import BertModel, DistilBertModel, RobertaModel
+    """The anatomy name of the model's encoder family (``FAMILIES[model_type].token``: 'bert'
+    for BERT, MiniLM, RoBERTa, XLM-R, CamemBERT, ELECTRA; 'distilbert', 'albert', 'mpnet',
+    'deberta', 'modernbert'), 'refused' for a family the table refuses (patch says why), None
+    for anything else (decoders, and BERT-likes configured as decoders)."""
+    from .hf_attention import family
 
     base = getattr(model, "base_model", None)
-    if isinstance(base, (BertModel, RobertaModel)):
-        return None if base.config.is_decoder else "bert"
-    if isinstance(base, DistilBertModel):
-        return "distilbert"
-    return None
+    fam = family(model)
+    if base is None or getattr(base.config, "is_decoder", False):
+        return None
+    return fam.token or ("refused" if fam.token_refused else None)
 
 
 def _anatomy(model: nn.Module) -> tuple[str, nn.Module, list[nn.Module], list[tuple[nn.Module, nn.Module]]]:
     """(family, encoder module, layers, [(query linear, key linear)] per layer)."""
+    from .hf_attention import family
+    from .hf_encoder_families import ANATOMIES
+
     fam = _family(model)
+    if fam == "refused":
+        raise ValueError(f"model: {type(model).__name__} ({model.config.model_type}) is not "
+                         f"supported by token methods: {family(model).token_refused}")
+    anatomy = ANATOMIES[fam]
+    if anatomy.check is not None:
+        anatomy.check(model)
     base = model.base_model
-    if fam == "distilbert":
-        enc = base.transformer
-        qk = [(lay.attention.q_lin, lay.attention.k_lin) for lay in enc.layer]
-    else:
-        enc = base.encoder
-        qk = [(lay.attention.self.query, lay.attention.self.key) for lay in enc.layer]
-    return fam, enc, list(enc.layer), qk
+    enc = anatomy.encoder(base)
+    layers = anatomy.layers(base, enc)
+    return fam, enc, layers, [anatomy.qk(lay) for lay in layers]
 
 
 def _key_mask(mask4d: Tensor | None, B: int, L: int, device) -> Tensor:
@@ -305,12 +315,16 @@ class HFEncoderState(PatchState):
         ``keymask_add`` (B, L) is the additive key bias (padding, soft masks)."""
         t0 = time.perf_counter()
         q, k = self._captured.pop("q"), self._captured.pop("k")  # (B, L, H·dh)
+        extra = None  # the family's own score terms (B|1, 1|H, L, L): relative bias, window, …
+        if self.anatomy.scores is not None:
+            q, k, extra = self.anatomy.scores(self, layer, q, k)
         B, L, _ = k.shape
         H = self.n_heads
         dh = k.shape[-1] // H
         w = None
         if rows == "first":
             q = q[:, :1]
+            extra = None if extra is None else extra[:, :, :1]
         elif rows == "received" and 0 < self.scorer_queries < L:
             # Estimate the mean over queries from S evenly spaced real query rows per example
             # (CLS and the last real token included): S·L scores instead of L·L.
@@ -319,6 +333,9 @@ class HFEncoderState(PatchState):
             pos = torch.linspace(0, 1, S, device=q.device)[None, :] * (n - 1).to(q.dtype)
             idx = pos.round().long()  # (B, S), duplicates when n < S keep the weights exact-ish
             q = torch.gather(q, 1, idx[..., None].expand(B, S, q.shape[-1]))
+            if extra is not None:
+                extra = torch.gather(extra.expand(B, -1, L, L), 2,
+                                     idx[:, None, :, None].expand(B, extra.shape[1], S, L))
             w = torch.full((B, S), 1.0 / S, dtype=q.dtype, device=q.device)
         R = q.shape[1]
         # One batched matmul with the key bias as its input term (baddbmm), scaling the smaller
@@ -326,13 +343,16 @@ class HFEncoderState(PatchState):
         qq = (q * dh ** -0.5).view(B, R, H, dh).transpose(1, 2)  # (B, H, R, dh)
         kk = k.view(B, L, H, dh).permute(0, 2, 3, 1)  # (B, H, dh, L)
         bias = keymask_add.to(q.dtype)[:, None, None, :]  # (B, 1, 1, L)
+        if extra is not None:  # (B, 1|H, R, L); clamped: −∞ + −∞ rows would give NaN
+            bias = (bias + extra).clamp_min(torch.finfo(q.dtype).min)
 
         def scores(lo: int, hi: int, r0: int = 0, r1: int | None = None) -> Tensor:
             b = hi - lo  # rows lo:hi of the batch, query rows r0:r1 → (b·H, r, L) logits
             qs = qq[lo:hi] if r1 is None else qq[lo:hi, :, r0:r1]
-            r = qs.shape[2]
-            return torch.baddbmm(bias[lo:hi].expand(b, H, 1, L).reshape(b * H, 1, L),
-                                 qs.reshape(b * H, r, dh), kk[lo:hi].reshape(b * H, dh, L))
+            bs = bias[lo:hi] if r1 is None or bias.shape[2] == 1 else bias[lo:hi, :, r0:r1]
+            return torch.baddbmm(bs.expand(b, H, -1, L).reshape(b * H, -1, L),
+                                 qs.reshape(b * H, qs.shape[2], dh),
+                                 kk[lo:hi].reshape(b * H, dh, L))
 
         if rows != "received":
             out = torch.softmax(scores(0, B), -1).view(B, H, R, L)
@@ -477,7 +497,8 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
                             else float(mask.sum()))
             run.padded[i] += mask.numel()
         state._want = state.qk[i][0] if need_attn else None  # hooks keep this layer's q, k
-        hidden = layer(hidden, mask4d, **run.kwargs)
+        hidden = (layer(hidden, mask4d, **run.kwargs) if state.anatomy.call is None
+                  else state.anatomy.call(state, i, hidden, mask4d, index))  # positions: index
         if not prune:
             continue
         rho = state.schedule[i] / (state.schedule[i - 1] if i else 1.0)
@@ -635,8 +656,9 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
                      soft_mode: str = "bias", scorer_queries: int = 0,
                      bucket_rows: bool = True, protect_token_ids: Sequence[int] | None = None,
                      **method_options) -> HFEncoderState:
-    """Patch a BERT / MiniLM / RoBERTa / DistilBERT model (or its ``*ForSequenceClassification``)
-    with token method ``spec``.
+    """Patch an encoder of a family in ``hf_attention.FAMILIES`` with a ``token`` anatomy (BERT,
+    MiniLM, RoBERTa, DistilBERT, XLM-R, CamemBERT, ELECTRA, ALBERT, MPNet, DeBERTa-v2/v3,
+    ModernBERT; or its ``*ForSequenceClassification``) with token method ``spec``.
 
     ``keep_ratio`` ρ, ``after_layer`` and ``schedule`` go through :func:`parse_schedule`;
     ``output`` ∈ {"auto", "scatter", "short"} ("auto", default: "short" for the
@@ -682,6 +704,10 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
                            family, output, soft_mode, bucket_rows)
     state.n_heads = n_heads
     state.scorer_queries = scorer_queries
+    from .hf_encoder_families import ANATOMIES
+
+    state.anatomy = ANATOMIES[family]
+    state.family_cache = {}  # per-forward tables of the family (hf_encoder_families._cached)
     state.protect_ids = protect_ids
     state._want = None
     from transformers.modeling_outputs import (
@@ -689,17 +715,20 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
         BaseModelOutputWithPastAndCrossAttentions,
     )
 
-    state.output_cls = BaseModelOutput if family == "distilbert" else BaseModelOutputWithPastAndCrossAttentions
+    state.output_cls = BaseModelOutputWithPastAndCrossAttentions if family == "bert" else BaseModelOutput
     add_method_module(model, method)  # trained and saved with the model
     if method.needs_attention:
-        for q_lin, k_lin in qk:
+        for q_lin, k_lin in dict.fromkeys(qk):  # once per module (ALBERT shares them)
             state._handles.append(q_lin.register_forward_hook(partial(_capture, state, "q", q_lin)))
             state._handles.append(k_lin.register_forward_hook(partial(_capture, state, "k", q_lin)))
     # Hooks and the forward are partials over the state (see _pruned_forward): deep copies of
     # the model get their own.
     state._handles.append(model.register_forward_pre_hook(partial(_grab_labels, state),
                                                           with_kwargs=True))
-    encoder.forward = partial(_pruned_forward, state, encoder.forward)
+    if state.anatomy.forward is None:
+        encoder.forward = partial(_pruned_forward, state, encoder.forward)
+    else:  # the family's own steps around the loop (hf_encoder_families.Anatomy.forward)
+        encoder.forward = partial(state.anatomy.forward, state, _pruned_forward, encoder.forward)
     return state
 
 
@@ -730,17 +759,12 @@ def _auto_output(model: nn.Module) -> str:
     RoBERTa's classification head and DistilBERT's pre-classifier all read ``hidden[:, 0]``,
     and ``SequenceClassifierOutput`` does not return ``last_hidden_state``. Scattering the
     kept tokens back to (B, L, d) would then be two (B, L, d) copies nobody reads. Any other
-    model (the bare encoder, token classification, ...) gets "scatter", the stock shape."""
-    from transformers import (
-        BertForSequenceClassification,
-        DistilBertForSequenceClassification,
-        RobertaForSequenceClassification,
-    )
+    model (the bare encoder, token classification, ...) gets "scatter", the stock shape.
+    The heads are the family's ``cls_head`` in ``hf_attention.FAMILIES``."""
+    from .hf_attention import family
 
     # exact types: a subclass may read other positions
-    heads = (BertForSequenceClassification, DistilBertForSequenceClassification,
-             RobertaForSequenceClassification)
-    return "short" if type(model) in heads else "scatter"
+    return "short" if type(model).__name__ in family(model).cls_head else "scatter"
 
 
 def _capture(state: HFEncoderState, name: str, owner_q: nn.Module, module, args, output) -> None:
