@@ -114,11 +114,14 @@ def time_fn(fn: Callable[[], Any], repeats: int = 10, warmup: int = 2) -> Timing
 
 
 def time_interleaved(fns: Mapping[str, Callable[[], Any]], repeats: int = 10,
-                     warmup: int = 2) -> dict[str, Timing]:
+                     warmup: int = 2,
+                     clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
     """Time several callables round-robin: ``warmup`` discarded calls of each, then ``repeats``
     rounds in which each is called once (the order rotates every round), so a burst of load
     from elsewhere or a drift of the clock hits all of them alike. Returns a :class:`Timing`
-    per name; compare them by the ratio of their medians.
+    per name; compare them by the ratio of their medians. ``clock``: wall time by default;
+    ``time.process_time`` counts this process's CPU time instead, which on an oversubscribed
+    machine leaves out the time spent waiting for a core (meaningful with one thread).
 
     Written here because timing libraries (``timeit``, ``torch.utils.benchmark``) time one
     statement at a time, which puts each candidate in a different stretch of a noisy machine.
@@ -135,9 +138,9 @@ def time_interleaved(fns: Mapping[str, Callable[[], Any]], repeats: int = 10,
     for r in range(repeats):
         for i in range(len(names)):
             name = names[(i + r) % len(names)]
-            t0 = time.perf_counter()
+            t0 = clock()
             fns[name]()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(clock() - t0)
     out = {}
     for name, t in times.items():
         med = statistics.median(t)

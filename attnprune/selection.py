@@ -55,7 +55,10 @@ def budget(n_tokens: Tensor | int, keep_ratio: float, minimum: int = 1) -> Tenso
     but 0.7*10 = 6.999…).
     """
     n = torch.as_tensor(n_tokens)
-    k = torch.floor(n.to(torch.float64) * keep_ratio + 1e-9).to(torch.long)
+    # ρ as a float64 tensor, not a Python float: an ONNX export turns a Python scalar into a
+    # float32 constant (0.7 → 0.69999999), and ⌊10·ρ⌋ became 6 instead of 7.
+    rho = torch.tensor(keep_ratio, dtype=torch.float64, device=n.device)
+    k = torch.floor(n.to(torch.float64) * rho + 1e-9).to(torch.long)
     k = torch.clamp(k, min=minimum)
     return torch.minimum(k, n.to(torch.long))
 
@@ -130,17 +133,22 @@ class Gathered(NamedTuple):
     index: Tensor  # (B, K) long, original positions (ascending; padding slots point at 0)
 
 
-def gather_tokens(hidden: Tensor, keep: Tensor, *extra: Tensor) -> tuple[Gathered, ...] | Gathered:
+def gather_tokens(hidden: Tensor, keep: Tensor, *extra: Tensor,
+                  size: int | None = None) -> tuple[Gathered, ...] | Gathered:
     """Remove dropped tokens from the tensor: (B, L, d) → (B, K, d), K = max kept per row.
 
     Kept tokens stay in ascending original order (needed for causal masks). Rows with fewer
     than K kept tokens are padded (mask False). ``extra`` tensors shaped (B, L, ...) are
-    gathered with the same index and returned after the Gathered tuple.
+    gathered with the same index and returned after the Gathered tuple. ``size`` fixes K
+    instead (it must be ≥ every row's kept count, else kept tokens are cut): a traced graph
+    (ONNX export) cannot read the max count back from the data.
     """
     B, L = keep.shape
-    counts = keep.sum(dim=1)
-    K = int(counts.max().item()) if B > 0 else 0
-    K = max(K, 1)
+    if size is not None:
+        K = size
+    else:
+        K = int(keep.sum(dim=1).max().item()) if B > 0 else 0
+        K = max(K, 1)
     pos = torch.arange(L, device=keep.device).expand(B, L)
     # Sort key: kept tokens first in original order, dropped after.
     key = torch.where(keep, pos, pos + L)

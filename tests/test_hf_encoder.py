@@ -118,6 +118,25 @@ def test_batch_of_one_and_output_modes():
     assert torch.allclose(short[:, 0], full_len[:, 0])  # CLS identical in both modes
 
 
+def test_one_row_path_keeps_separators_as_a_batch_does():
+    """Batch 1 without an attention mask takes the host's one-row path (index_select, no
+    mask rebuilt); it keeps [CLS] and both [SEP] of a short pair (3 > ⌊0.3·7⌋ = 2) through
+    every pruning layer and gives the logits of the same row in a padded batch."""
+    model = make("bert")
+    attnprune.patch(model, "attention_mass", keep_ratio=0.3, after_layer=1,
+                    schedule="geometric")
+    ids, am = batch(B=2, L=12)
+    ids, am = ids[[1, 0]], am[[1, 0]]  # row 0: 8 real tokens, then padding
+    tt = torch.zeros_like(ids)
+    tt[0, 4:8] = 1  # [CLS] a a [SEP] | b b b [SEP]
+    with torch.no_grad():
+        both = model(input_ids=ids, attention_mask=am, token_type_ids=tt).logits
+        alone = model(input_ids=ids[:1, :8], token_type_ids=tt[:1, :8]).logits
+    kept = attnprune.patch_state(model).stats["kept_per_layer"]
+    assert kept[1:] == [3.0, 3.0, 3.0]  # CLS, the segment end, the last token
+    assert torch.allclose(alone, both[:1], atol=1e-5)
+
+
 def test_scorer_attention_equals_eager_attention():
     """What the host hands the scorer equals HF's eager attention of that layer: the CLS row
     ("first"), or per head the mean over real queries of the rows ("received")."""

@@ -1,0 +1,143 @@
+"""ONNX export of pruned encoders: onnxruntime parity with PyTorch at other shapes than the
+trace, protected separators, data-dependent kept counts, refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+import attnprune
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+pytest.importorskip("onnx")
+
+from attnprune.deploy.onnx import export_onnx, onnx_session, run_onnx
+from attnprune.selection import budget
+
+KW = {"hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,
+      "intermediate_size": 64, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+      "max_position_embeddings": 64}
+# Other batch sizes and lengths than the trace (2 × 32), with and without padding; L = 10 and
+# 20 make ρ·L an integer, where a float32 budget would keep one token too few; L = 2 keeps
+# CLS and the last token ([SEP]), more than ⌊ρ·2⌋ = 1.
+SHAPES = [(1, 10, False), (3, 20, True), (2, 7, True), (4, 64, True), (1, 2, False)]
+
+
+def tiny():
+    torch.manual_seed(0)
+    return BertForSequenceClassification(BertConfig(vocab_size=100, num_labels=3, **KW)).eval()
+
+
+def inputs(B, L, pad=True, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 100, (B, L), generator=g)
+    am = torch.ones(B, L, dtype=torch.long)
+    if pad and B > 1:
+        am[1, L // 2:] = 0  # a padded row: fewer real tokens, its own budget ⌊ρ·n⌋
+    return {"input_ids": ids, "attention_mask": am}
+
+
+def pruning(model, method, **opts):
+    """``model`` patched with ``method``; the learned-count methods get parameters that prune
+    (at initialisation LTP's θ and DTR's policy keep every token: nothing to check)."""
+    attnprune.patch(model, method, **opts)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in attnprune.patch_state(model).modules.named_parameters():
+            if method in ("ltp", "dtr", "hybrid", "ltp_causal"):
+                # θ = 1: keep tokens receiving more than a uniform share of attention
+                p.copy_(torch.ones_like(p) if name.endswith("theta")
+                        else torch.randn(p.shape, generator=g))
+    return model
+
+
+def check_parity(model, path, shapes=SHAPES):
+    sess = onnx_session(path, threads=1)
+    for B, L, pad in shapes:
+        x = inputs(B, L, pad, seed=L)
+        got = run_onnx(sess, x)["logits"]
+        with torch.no_grad():
+            ref = model(**x).logits.numpy()
+        assert got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
+        assert (got.argmax(-1) == ref.argmax(-1)).all()
+
+
+@pytest.mark.parametrize(("method", "opts"), [
+    ("attention_mass", {"keep_ratio": 0.7, "after_layer": 1}),  # ⌊10·0.7⌋ = 7: float32 trap
+    ("entropy", {"keep_ratio": 0.5, "after_layer": 1, "schedule": "geometric"}),
+    ("entropy_threshold", {"keep_ratio": 0.5, "after_layer": 1}),  # data-dependent counts
+    ("ltp", {"after_layer": 1}),  # learned thresholds: data-dependent counts
+    (None, {}),
+])
+def test_export_matches_pytorch_at_other_shapes(tmp_path, method, opts):
+    model = pruning(tiny(), method, **opts) if method else tiny()
+    path = export_onnx(model, tmp_path / "m.onnx")  # traced at 2 × 32, verified there
+    check_parity(model, path)
+    if method:
+        # the graph really gathers: TopK (the selection) only exists in the pruned file
+        import onnx
+
+        assert "TopK" in {n.op_type for n in onnx.load(str(path)).graph.node}
+        with torch.no_grad():  # the patch still prunes eagerly after the export
+            model(**inputs(2, 20))
+        assert attnprune.patch_state(model).stats["kept_ratio"] < 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(set(attnprune.list_methods("token"))
+                                          - {"attention_mass", "entropy", "entropy_threshold",
+                                             "ltp", "random"}))
+def test_every_token_method_exports(tmp_path, method):
+    model = pruning(tiny(), method, keep_ratio=0.5, after_layer=1)
+    with torch.no_grad():
+        model(**inputs(3, 20))
+    assert attnprune.patch_state(model).stats["kept_ratio"] < 1  # it prunes: a real check
+    check_parity(model, export_onnx(model, tmp_path / "m.onnx"), SHAPES[:3])
+
+
+def test_protected_separators_beyond_the_budget(tmp_path):
+    """A short pair keeps [CLS] and both [SEP] (3 tokens) where ⌊ρ·n⌋ = 2: the graph keeps
+    them too, at batch 1 (the host's one-row path) and in a padded batch."""
+    model = tiny()
+    attnprune.patch(model, "attention_mass", keep_ratio=0.3, after_layer=1)
+
+    def pairs(B, L):
+        x = inputs(B, L, pad=True, seed=B)
+        tt = torch.zeros(B, L, dtype=torch.long)
+        tt[:, L // 3 + 1:] = 1  # [CLS] a … [SEP] | b … [SEP]
+        return {**x, "token_type_ids": tt * x["attention_mask"]}
+
+    path = export_onnx(model, tmp_path / "p.onnx", example=pairs(2, 16))
+    sess = onnx_session(path, threads=1)
+    for B, L in [(1, 7), (3, 7), (2, 40)]:
+        x = pairs(B, L)
+        with torch.no_grad():
+            ref = model(**x).logits.numpy()
+        if L == 7:  # 3 protected > ⌊0.3·7⌋ = 2 per full row: the union case is exercised
+            k = budget(x["attention_mask"].sum(1), 0.3)
+            assert attnprune.patch_state(model).stats["kept_per_layer"][1] > int(k.sum())
+        np.testing.assert_allclose(run_onnx(sess, x)["logits"], ref, atol=1e-4, rtol=0)
+        if B == 1:  # and no attention mask at all: the eager one-row path
+            del x["attention_mask"]
+            with torch.no_grad():
+                alone = model(**x).logits.numpy()
+            np.testing.assert_allclose(alone, ref, atol=1e-5, rtol=0)
+
+
+def test_refusals_and_bad_arguments(tmp_path):
+    model = tiny()
+    attnprune.patch(model, "crisp", sparsity=0.5)
+    with pytest.raises(ValueError, match="attention-level"):
+        export_onnx(model, tmp_path / "x.onnx")
+    model = tiny()
+    attnprune.patch(model, "attention_mass", keep_ratio=0.5, after_layer=1)
+    with pytest.raises(ValueError, match="max_length"):
+        export_onnx(model, tmp_path / "x.onnx", max_length=1)
+    with pytest.raises(ValueError, match="example"):
+        export_onnx(model, tmp_path / "x.onnx", example={"input_ids": torch.ones(3)})
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        export_onnx(model, tmp_path / "x.onnx", example=inputs(2, 1, pad=False))
