@@ -265,7 +265,11 @@ class CausalBlockLoop:
         """The attention mask of block l in the format of the model's attention function."""
         if alive is not None:
             return _soft_mask(h, cmask, alive)
-        if key_masks is None:
+        if key_masks is None or (cache is None and _real_prefix(cmask)):
+            # No padding, or (no cache) only pad slots at the row ends, as after every gather:
+            # a real query i attends keys ≤ i, all real, so the causal mask alone is exact for
+            # it (pad queries see real keys and are never read back). SDPA then runs its
+            # is_causal path instead of a (b, 1, K, K) mask: cheaper on short rows.
             return create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=None,
                                       past_key_values=cache, position_ids=None, layer_idx=l)
         past_keys = key_masks[l]
@@ -315,6 +319,11 @@ class PrunedGPT2Model(CausalBlockLoop, GPT2Model):
         hidden = self.ln_f(full)
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden, past_key_values=past_key_values if use_cache else None)
+
+
+def _real_prefix(cmask: Tensor) -> bool:
+    """True if every row's real slots come first (no real slot after a pad slot)."""
+    return bool((cmask[:, 1:] <= cmask[:, :-1]).all())
 
 
 def _block_kwargs(kwargs: dict) -> dict:
