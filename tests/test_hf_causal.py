@@ -241,3 +241,23 @@ def test_pure_soft_mask_also_passes_gradients():
     out = model(x, labels=x)
     (out.loss + attnprune.aux_loss(model)).backward()
     assert model.transformer.attnprune_method.tau.grad.abs().sum() > 0
+
+
+def test_ltp_per_layer_budgets():
+    """keep_ratios sets each decision layer's budget ρ_l in the sparsity penalty; the host's
+    ρ = 1 still switches pruning off; bad budgets are refused naming the option."""
+    from attnprune.methods.ltp_causal import LTPCausal
+
+    h, mask = torch.randn(2, 10, 8), torch.ones(2, 10, dtype=torch.bool)
+    per = LTPCausal(d_model=8, n_layers=4, layers=[2, 3], keep_ratios=[0.9, 0.1]).train()
+    one = LTPCausal(d_model=8, n_layers=4, layers=[2, 3]).train()
+    for layer, rho in ((2, 0.9), (3, 0.1)):
+        got = per(h, mask, keep_ratio=0.5, layer=layer).aux_loss
+        want = one(h, mask, keep_ratio=rho, layer=layer).aux_loss
+        assert float(got) == pytest.approx(float(want))
+    # every token starts kept (m̃ ≈ 0.95): the strict late budget is the larger penalty
+    assert float(per(h, mask, layer=2).aux_loss) < float(per(h, mask, layer=3).aux_loss)
+    assert per(h, mask, keep_ratio=1.0, layer=3).aux_loss is None
+    for bad in ([0.5], [0.5, 0.0], [0.5, 1.5], 0.5):
+        with pytest.raises(ValueError, match="keep_ratios"):
+            LTPCausal(d_model=8, n_layers=4, layers=[2, 3], keep_ratios=bad)

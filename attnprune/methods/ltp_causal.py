@@ -13,7 +13,8 @@ importance from the token's own state (the "learned per-token score" option of i
     I_j⁽ˡ⁾ = σ(w_l · LN(h_j⁽ˡ⁾) + b_l)        (h_j⁽ˡ⁾: input of block l, LN without affine)
     m̃_j   = σ((I_j − τ_l) / T_temp)            training (soft; τ_l learned)
     m_j    = [I_j ≥ τ_l]                        inference (hard)
-    L_sparsity = λ · Σ_l max(0, m̄_l − ρ) / |layers|,  m̄_l = mean of m̃ over alive real tokens
+    L_sparsity = λ · Σ_l max(0, m̄_l − ρ_l) / |layers|,  m̄_l = mean of m̃ over alive real tokens
+                                                  (ρ_l = ``keep_ratios[l]``, else the host's ρ)
 
 I_j depends on h_j⁽ˡ⁾ only, which in a causal model depends on tokens ≤ j: the decision is
 causal and the same in a cached decode step as in a full recompute (the leakage test checks
@@ -73,9 +74,23 @@ class LTPCausal(TokenMethod):
 
     def __init__(self, d_model: int, n_layers: int, layers=None, tau_final: float = 0.5,
                  temperature: float = 0.05, sparsity_weight: float = 1.0,
-                 protect_last: int = 4, straight_through: bool = True) -> None:
+                 protect_last: int = 4, straight_through: bool = True,
+                 keep_ratios=None) -> None:
         super().__init__()
         self.layers = parse_layers(layers, n_layers, list(range(1, n_layers)))
+        # Per-decision-layer budgets ρ_l (ours): one value per entry of ``layers``, in place of
+        # the host's single ρ. Dropping a token before an early block costs every later block's
+        # context, before the last block only that block's, so a budget may be mild early and
+        # strict late for the same FLOPs.
+        self.keep_ratios = None
+        if keep_ratios is not None:
+            if not isinstance(keep_ratios, (list, tuple)) or len(keep_ratios) != len(self.layers):
+                raise ValueError(f"keep_ratios: give one budget per decision layer {list(self.layers)}, "
+                                 f"got {keep_ratios!r}")
+            for r in keep_ratios:
+                if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r <= 1.0:
+                    raise ValueError(f"keep_ratios: every budget must be in (0, 1], got {r!r}")
+            self.keep_ratios = tuple(float(r) for r in keep_ratios)
         self.straight_through = bool(straight_through)
         if not 0.0 < tau_final < 1.0:
             raise ValueError(f"tau_final must be in (0, 1), got {tau_final}")
@@ -112,6 +127,10 @@ class LTPCausal(TokenMethod):
         """Selection for the tokens entering block ``layer`` (see module docstring)."""
         imp = self.importance(hidden, layer)
         tau = self.tau[self._slot(layer)]
+        if keep_ratio is not None and keep_ratio >= 1.0:  # the host's ρ = 1 switches pruning off
+            return Selection(mask.clone(), scores=imp)
+        if self.keep_ratios is not None:
+            keep_ratio = self.keep_ratios[self._slot(layer)]
         if keep_ratio is not None and keep_ratio >= 1.0:  # ρ = 1: pruning off
             return Selection(mask.clone(), scores=imp)
         if not self.training:
