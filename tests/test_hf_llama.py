@@ -155,14 +155,28 @@ def test_padding_mask_matches_unpadded_rows():
     check_padding_mask_matches_unpadded_rows(patched("llama", "ltp"))
 
 
-def test_row_bucketing_keeps_outputs():
+def test_row_bucketing_keeps_outputs(monkeypatch):
+    """With a small group cost the rows split into groups (the blocks after the first decision
+    see fewer rows than the batch); outputs equal the unbucketed forward."""
+    from attnprune.hosts import hf_llama
+
+    monkeypatch.setattr(hf_llama, "ROTARY_GROUP_OVERHEAD_TOKENS", 0.0)
     model = patched("qwen2", "ltp")
     x = torch.randint(0, V, (6, 32))
     state = attnprune.patch_state(model)
+    rows = []
+    hook = model.model.layers[-1].register_forward_pre_hook(lambda m, a: rows.append(a[0].shape[0]))
     a = model(x).logits
+    assert min(rows) < x.shape[0]  # really split
     state.bucket_rows = False
     b = model(x).logits
     assert (a - b).abs().max() < 1e-5
+    # the default cost at this width (32) is large: one group
+    monkeypatch.setattr(hf_llama, "ROTARY_GROUP_OVERHEAD_TOKENS", 512.0)
+    state.bucket_rows, rows[:] = True, []
+    model(x)
+    hook.remove()
+    assert rows == [x.shape[0]]
 
 
 def test_sequences_beyond_the_sliding_window_are_refused():

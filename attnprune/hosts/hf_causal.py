@@ -179,6 +179,9 @@ class CausalBlockLoop:
         token's final state.
         """
         method, L = run.method, run.L
+        # (states, positions, which slots) of the tokens that left, written into ``full`` in
+        # one scatter at the end (one copy of the (b, L, d) states instead of one per gather)
+        pending: list[tuple[Tensor, Tensor, Tensor]] = []
         for l in range(start, len(self._attnprune_blocks())):
             block = self._attnprune_blocks()[l]
             if l in run.layers and l >= decide_from and bool(cmask.any()):
@@ -196,7 +199,7 @@ class CausalBlockLoop:
                     alive = soft if alive is None else alive * soft
                 keep = sel.keep & cmask
                 if bool((keep != cmask).any()):  # some tokens leave: gather the survivors
-                    full = scatter_tokens(full, h, index, cmask)
+                    pending.append((h, index, cmask & ~keep))  # the leavers' last states
                     if alive is None:
                         g = gather_tokens(h, keep)
                     else:
@@ -205,8 +208,9 @@ class CausalBlockLoop:
                     index = torch.gather(index, 1, g.index)
                     key_masks = self._gathered_keys(key_masks, g, l)
                     if run.bucket and h.shape[0] > 1:
-                        groups = row_groups(cmask.sum(1), GROUP_OVERHEAD_TOKENS)
+                        groups = row_groups(cmask.sum(1), self._attnprune_group_overhead(h.shape[-1]))
                         if len(groups) > 1:
+                            full = _write_back(full, pending)
                             return self._grouped(run, l, groups, h, full, index, cmask, key_masks), None
             # Kept = processed by this block (in relaxed training: alive weight > 0.5).
             counted = cmask if alive is None else cmask & (alive > 0.5)
@@ -220,8 +224,8 @@ class CausalBlockLoop:
             h = out
             if key_masks is not None:
                 key_masks[l] = torch.cat([key_masks[l], cmask], dim=1)
-        full = scatter_tokens(full, h, index, cmask)
-        return full, key_masks
+        pending.append((h, index, cmask))
+        return _write_back(full, pending), key_masks
 
     def _grouped(self, run: _Pass, l: int, groups: list[Tensor], h: Tensor, full: Tensor,
                  index: Tensor, cmask: Tensor, key_masks) -> Tensor:
@@ -290,6 +294,9 @@ class PrunedGPT2Model(CausalBlockLoop, GPT2Model):
     def _attnprune_blocks(self) -> nn.ModuleList:
         return self.h
 
+    def _attnprune_group_overhead(self, width: int) -> float:
+        return GROUP_OVERHEAD_TOKENS
+
     def _attnprune_call(self, run: _Pass, l: int, block: nn.Module, h: Tensor, index: Tensor,
                         mask) -> Tensor:
         # Positions need no remapping: GPT-2 adds wpe once, at the input.
@@ -319,6 +326,16 @@ class PrunedGPT2Model(CausalBlockLoop, GPT2Model):
         hidden = self.ln_f(full)
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden, past_key_values=past_key_values if use_cache else None)
+
+
+def _write_back(full: Tensor, pending: list) -> Tensor:
+    """``full`` with every pending (states (b, K_i, d), positions, slots) piece scattered to its
+    positions; the pieces' slots never overlap (each token leaves once), so one scatter of
+    their concatenation writes them all."""
+    if len(pending) == 1:
+        return scatter_tokens(full, *pending[0])
+    h, index, mask = (torch.cat(t, dim=1) for t in zip(*pending))
+    return scatter_tokens(full, h, index, mask)
 
 
 def _real_prefix(cmask: Tensor) -> bool:
