@@ -110,6 +110,12 @@ class LMConfig:
     method: str = "none"
     method_options: str = "{}"  # a YAML mapping, e.g. "{sparsity_weight: 0.5, layers: [2]}"
     init: str = ""  # safetensors weights to start from (the saved baseline)
+    # Distillation (ours, as the encoder ``finetune --distill-weight``): the loss becomes
+    # (1 − α)·CE + α·T²·KL(teacher_T ‖ model_T) per position, the teacher an unpruned model of
+    # the same config: a safetensors file, or in a sweep "control" (each seed's control run).
+    distill_from: str = ""
+    distill_weight: float = 0.0  # α
+    distill_temperature: float = 1.0  # T
     stage2_steps: int = 0
     stage2_lr: float = 3e-4
     gen_tokens: int = 500  # generation throughput: 500 new tokens, temperature 0.8, KV cache
@@ -160,6 +166,18 @@ class LMConfig:
                 f"method_options: expected a mapping like '{{key: value}}', got {self.method_options!r}")
         if self.init and not Path(self.init).is_file():
             raise ValueError(f"init: checkpoint not found: {self.init}")
+        if not 0.0 <= self.distill_weight <= 1.0:
+            raise ValueError(f"distill_weight must be in [0, 1], got {self.distill_weight}")
+        if self.distill_temperature <= 0:
+            raise ValueError(f"distill_temperature must be > 0, got {self.distill_temperature}")
+        if self.distill_weight > 0 and not self.distill_from:
+            raise ValueError("distill_from: distill_weight > 0 needs a teacher (a safetensors file, "
+                             "or 'control' in a sweep)")
+        if self.distill_from == "control" and not self.sweep.strip():
+            raise ValueError("distill_from: 'control' means each seed's control run of a sweep; "
+                             "give --sweep, or a safetensors file")
+        if self.distill_from and self.distill_from != "control" and not Path(self.distill_from).is_file():
+            raise ValueError(f"distill_from: teacher weights not found: {self.distill_from}")
         if self.sweep.strip():
             grid = yaml.safe_load(self.sweep)
             if not isinstance(grid, dict) or not grid or not all(
@@ -557,8 +575,29 @@ def length_sweep(model: nn.Module, data: LMData, cfg: LMConfig) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- training
-def train(model, data: LMData, cfg: LMConfig, rd: ResultsDir, history: list[dict]) -> list[dict]:
-    """Run (or resume) every stage; checkpoints and history at each evaluation."""
+def _distilled(ce: torch.Tensor, logits: torch.Tensor, teacher: nn.Module, x: torch.Tensor,
+               cfg: LMConfig) -> torch.Tensor:
+    """(1 − α)·CE + α·T²·KL(softmax(t/T) ‖ softmax(s/T)), the KL averaged over positions."""
+    T, a = cfg.distill_temperature, cfg.distill_weight
+    with torch.no_grad():
+        t = teacher(x, use_cache=False).logits
+    kl = F.kl_div(F.log_softmax(logits / T, -1).flatten(0, 1), F.log_softmax(t / T, -1).flatten(0, 1),
+                  log_target=True, reduction="batchmean")
+    return (1 - a) * ce + a * T * T * kl
+
+
+def load_teacher(cfg: LMConfig, vocab_size: int, path: str | Path) -> nn.Module:
+    """The frozen unpruned teacher of ``distill_from``: a model of ``cfg``'s config."""
+    teacher = build_model(cfg, vocab_size)
+    load_weights(teacher, path)
+    teacher.eval().requires_grad_(False)
+    return teacher
+
+
+def train(model, data: LMData, cfg: LMConfig, rd: ResultsDir, history: list[dict],
+          teacher: nn.Module | None = None) -> list[dict]:
+    """Run (or resume) every stage; checkpoints and history at each evaluation. With a
+    ``teacher``, the backbone's LM loss is distilled (:func:`_distilled`)."""
     ck = rd.path / "checkpoint"
     vx, vy = eval_windows(data.val, cfg.eval_windows, cfg.context)
     meta = json.loads((ck / "meta.json").read_text()) if (ck / "meta.json").is_file() else None
@@ -596,7 +635,8 @@ def train(model, data: LMData, cfg: LMConfig, rd: ResultsDir, history: list[dict
                 out = model(x, labels=x, use_cache=False)
                 loss = out.loss
                 aux = api.aux_loss(model)
-                total = loss if aux is None else loss + aux
+                total = loss if teacher is None else _distilled(loss, out.logits, teacher, x, cfg)
+                total = total if aux is None else total + aux
                 (total / cfg.grad_accum).backward()
                 tot_loss += float(loss.detach()) / cfg.grad_accum
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -641,7 +681,11 @@ def run_lm(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
     if cfg.method != "none":
         api.patch(model, cfg.method, **cfg.options)
     history = rd.read_json("history.json") if (rd.path / "history.json").is_file() else []
-    history = train(model, data, cfg, rd, history)
+    teacher = None
+    if cfg.distill_weight > 0:
+        teacher = load_teacher(cfg, data.vocab_size, cfg.distill_from)
+    history = train(model, data, cfg, rd, history, teacher)
+    del teacher
     save_weights(model, rd.path / "model.safetensors")  # what ``--init`` reads
     from .hub import save_pretrained
 
@@ -724,18 +768,20 @@ def run_sweep(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
     points = cfg.sweep_points()
     swept = list(yaml.safe_load(cfg.sweep))
     steps, lr = control_schedule(cfg)
-    single = replace(cfg, sweep="", seeds=())
+    single = replace(cfg, sweep="", seeds=(), distill_from="", distill_weight=0.0)
     runs = []
     for seed in seeds:
         ctrl = run_lm(replace(single, seed=seed, method="none", method_options="{}", steps=steps,
                               lr=lr, min_lr=min(cfg.min_lr, lr), stage2_steps=0),
                       rd.path / f"control-s{seed}", exact=True)
+        teacher = str(ctrl / "model.safetensors") if cfg.distill_from == "control" else cfg.distill_from
         c_sum = json.loads((ctrl / "summary.json").read_text())
         c_loss = np.load(ctrl / "val_loss_per_window.npy")
         c_ppl = c_sum["methods"]["full"]["perplexity"]
         for i, opts in enumerate(points):
             opt_text = yaml.safe_dump(opts, default_flow_style=True).strip()
-            run = run_lm(replace(single, seed=seed, method_options=opt_text),
+            run = run_lm(replace(single, seed=seed, method_options=opt_text, distill_from=teacher,
+                                 distill_weight=cfg.distill_weight),
                          rd.path / f"{_slug(opts, swept)}-s{seed}", exact=True)
             e = json.loads((run / "summary.json").read_text())["methods"][cfg.method]
             cmp = _paired_loss(cfg.method, np.load(run / "val_loss_per_window.npy"), "control", c_loss)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -222,3 +223,41 @@ def test_sweep_config_errors_name_the_field(tmp_path):
         load_config(LMConfig, None, {"method": "dtr", "sweep": "{keep_target: 0.5}"})
     with pytest.raises(ConfigError, match="init"):
         load_config(LMConfig, None, {"method": "dtr", "sweep": "{keep_target: [0.5]}"})
+
+
+def test_distillation_from_the_sweep_control(corpus, tmp_path, monkeypatch):
+    """``--distill-from control``: each point is distilled from its seed's control (the teacher
+    is that run's weights); α = 0 is plain CE, a teacher equal to the model adds no KL."""
+    from attnprune import lm
+
+    base = run_lm(load_config(LMConfig, None, {**_kv(TINY), "data": f"text:{corpus}", "steps": 2,
+                                                "eval_every": 2, "gen_tokens": 0}),
+                  tmp_path / "base", exact=True)
+    teachers = []
+    real = lm.load_teacher
+    monkeypatch.setattr(lm, "load_teacher", lambda cfg, v, path: teachers.append(path) or real(cfg, v, path))
+    out = tmp_path / "sweep"
+    argv = [*TINY, "--data", f"text:{corpus}", "--method", "ltp", "--steps", "2", "--eval-every", "2",
+            "--gen-tokens", "0", "--init", str(base / "model.safetensors"), "--distill-from", "control",
+            "--distill-weight", "0.5", "--sweep", "{keep_ratios: [[0.5, 0.2]]}",
+            "--method-options", "{layers: [1, 2]}", "--out", str(out), "--exact-out"]
+    assert main(argv) == 0
+    assert teachers == [str(out / "control-s0" / "model.safetensors")]  # the control never distils
+    cfg = load_config(LMConfig, None, {**_kv(TINY), "data": f"text:{corpus}"})
+    model = lm.build_model(cfg, 40).eval()
+    x = torch.randint(0, 40, (2, 16))
+    logits = model(x).logits
+    ce = torch.tensor(2.0)
+    same = lm._distilled(ce, logits, model, x, SimpleNamespace(distill_weight=1.0, distill_temperature=2.0))
+    assert float(same) == pytest.approx(0.0, abs=1e-6)
+    plain = lm._distilled(ce, logits, model, x, SimpleNamespace(distill_weight=0.0, distill_temperature=1.0))
+    assert float(plain) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("override,field", [({"distill_weight": 1.5, "distill_from": "x"}, "distill_weight"),
+                                            ({"distill_weight": 0.5}, "distill_from"),
+                                            ({"distill_weight": 0.5, "distill_from": "control"}, "distill_from"),
+                                            ({"distill_weight": 0.5, "distill_from": "/no/such"}, "distill_from")])
+def test_distillation_config_errors_name_the_field(override, field):
+    with pytest.raises(ConfigError, match=field):
+        load_config(LMConfig, None, override)
