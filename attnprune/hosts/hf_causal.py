@@ -161,30 +161,38 @@ class CausalBlockLoop:
                     block_kwargs=block_kwargs, bucket=bucket, kept=[0.0] * len(blocks),
                     aux_losses=state.aux_losses, actions=state.actions, rows=rows)
         index = torch.arange(L, device=h.device).expand(B, L)  # compact → original position
-        full, key_masks = self._blocks(run, 0, h, h, index, real, key_masks, alive=None)
+        full, key_masks = self._blocks(run, 0, h, h, index, real, key_masks, alive=None,
+                                       covered=bool(real.all()))
         if past_key_values is not None and key_masks is not None:
             setattr(past_key_values, _KEYS_ATTR, key_masks)
-        state.stats = {"kept_per_layer": [k / float(n_real) for k in run.kept], "n_tokens": int(n_real)}
+        state.stats = {"kept_per_layer": [float(k) / float(n_real) for k in run.kept],
+                       "n_tokens": int(n_real)}
         return full
 
     # -- the block loop -------------------------------------------------------------------
     def _blocks(self, run: _Pass, start: int, h: Tensor, full: Tensor, index: Tensor,
-                cmask: Tensor, key_masks, alive: Tensor | None, decide_from: int = 0):
+                cmask: Tensor, key_masks, alive: Tensor | None, decide_from: int = 0,
+                covered: bool = False):
         """Blocks ``start``, ``start + 1``, … on b rows; returns (full, key_masks).
 
         ``h`` (b, K, d) alive tokens in compact order, ``index`` (b, K) their positions, ``cmask``
         (b, K) alive real slots, ``full`` (b, L, d) the rows' states so far (dropped tokens' last
         states). Decision layers before ``decide_from`` are skipped: a group of rows starts at
         the block whose decision its parent already took. The returned ``full`` holds every
-        token's final state.
+        token's final state. ``covered``: every position of ``full`` is a real slot of ``h``
+        (so the write-back need not copy ``full`` first).
         """
         method, L = run.method, run.L
         # (states, positions, which slots) of the tokens that left, written into ``full`` in
         # one scatter at the end (one copy of the (b, L, d) states instead of one per gather)
         pending: list[tuple[Tensor, Tensor, Tensor]] = []
+        # Host-side checks read once per pass and after each gather, not per block (each read
+        # of a tensor's value is a sync and a few µs; a tiny model's block costs ~250 µs).
+        any_alive = bool(cmask.any())
+        prefix = run.cache is None and (key_masks is None or _real_prefix(cmask))
         for l in range(start, len(self._attnprune_blocks())):
             block = self._attnprune_blocks()[l]
-            if l in run.layers and l >= decide_from and bool(cmask.any()):
+            if l in run.layers and l >= decide_from and any_alive:
                 # Training-time protection of the chunk's last N positions (LTP) is by original
                 # position: "last N alive tokens" would move when a later token is dropped.
                 n_prot = getattr(method, "protect_last", 0) if self.training else 0
@@ -205,19 +213,20 @@ class CausalBlockLoop:
                     else:
                         g, alive = gather_tokens(h, keep, alive)
                     h, cmask = g.hidden, g.mask
+                    any_alive, prefix = bool(cmask.any()), run.cache is None  # pads now at the ends
                     index = torch.gather(index, 1, g.index)
                     key_masks = self._gathered_keys(key_masks, g, l)
                     if run.bucket and h.shape[0] > 1:
                         groups = row_groups(cmask.sum(1), self._attnprune_group_overhead(h.shape[-1]))
                         if len(groups) > 1:
-                            full = _write_back(full, pending)
+                            full = _write_back(full, pending, covered)
                             return self._grouped(run, l, groups, h, full, index, cmask, key_masks), None
             # Kept = processed by this block (in relaxed training: alive weight > 0.5).
             counted = cmask if alive is None else cmask & (alive > 0.5)
-            run.kept[l] += float(counted.sum())
-            if not bool(cmask.any()):  # nothing left to compute (nor to cache) in later blocks
+            run.kept[l] = run.kept[l] + counted.sum()  # a tensor: read once, at the end
+            if not any_alive:  # nothing left to compute (nor to cache) in later blocks
                 break
-            mask = self._block_mask(h, cmask, key_masks, run.cache, l, alive)
+            mask = self._block_mask(h, cmask, key_masks, run.cache, l, alive, prefix)
             out = self._attnprune_call(run, l, block, h, index, mask)
             if alive is not None:  # relaxed skip: a_j = 0 means the token keeps its state
                 out = h + alive[..., None] * (out - h)
@@ -225,7 +234,7 @@ class CausalBlockLoop:
             if key_masks is not None:
                 key_masks[l] = torch.cat([key_masks[l], cmask], dim=1)
         pending.append((h, index, cmask))
-        return _write_back(full, pending), key_masks
+        return _write_back(full, pending, covered), key_masks
 
     def _grouped(self, run: _Pass, l: int, groups: list[Tensor], h: Tensor, full: Tensor,
                  index: Tensor, cmask: Tensor, key_masks) -> Tensor:
@@ -265,11 +274,12 @@ class CausalBlockLoop:
         B = g.mask.shape[0]
         return [torch.ones(B, 0, dtype=torch.bool, device=g.mask.device) for _ in self._attnprune_blocks()]
 
-    def _block_mask(self, h, cmask, key_masks, cache, l, alive):
-        """The attention mask of block l in the format of the model's attention function."""
+    def _block_mask(self, h, cmask, key_masks, cache, l, alive, prefix: bool = False):
+        """The attention mask of block l in the format of the model's attention function
+        (``prefix``: no cache and every row's real slots come first)."""
         if alive is not None:
             return _soft_mask(h, cmask, alive)
-        if key_masks is None or (cache is None and _real_prefix(cmask)):
+        if key_masks is None or prefix:
             # No padding, or (no cache) only pad slots at the row ends, as after every gather:
             # a real query i attends keys ≤ i, all real, so the causal mask alone is exact for
             # it (pad queries see real keys and are never read back). SDPA then runs its
@@ -328,14 +338,22 @@ class PrunedGPT2Model(CausalBlockLoop, GPT2Model):
             last_hidden_state=hidden, past_key_values=past_key_values if use_cache else None)
 
 
-def _write_back(full: Tensor, pending: list) -> Tensor:
-    """``full`` with every pending (states (b, K_i, d), positions, slots) piece scattered to its
-    positions; the pieces' slots never overlap (each token leaves once), so one scatter of
-    their concatenation writes them all."""
-    if len(pending) == 1:
+def _write_back(full: Tensor, pending: list, covered: bool = False) -> Tensor:
+    """A copy of ``full`` (b, L, d) with every pending (states (b, K_i, d), positions, slots)
+    piece written to its positions. The pieces' slots never overlap (each token leaves once);
+    when they cover every position (``covered``) ``full`` is not copied first. Pad slots are
+    sent to a spare row (as in :func:`attnprune.selection.scatter_tokens`)."""
+    if len(pending) == 1 and not covered:
         return scatter_tokens(full, *pending[0])
-    h, index, mask = (torch.cat(t, dim=1) for t in zip(*pending))
-    return scatter_tokens(full, h, index, mask)
+    B, L = full.shape[:2]
+    buf = full.new_empty(B * L + 1, *full.shape[2:])
+    if not covered:
+        buf[: B * L] = full.reshape(B * L, *full.shape[2:])
+    offset = L * torch.arange(B, device=full.device)[:, None]
+    for h, index, mask in pending:
+        dest = torch.where(mask, index + offset, B * L).reshape(-1)
+        buf.index_copy_(0, dest, h.reshape(-1, *h.shape[2:]).to(buf.dtype))
+    return buf[: B * L].view(full.shape)
 
 
 def _real_prefix(cmask: Tensor) -> bool:
