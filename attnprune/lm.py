@@ -59,6 +59,7 @@ from tqdm.auto import tqdm
 from . import api, registry
 from .config import ConfigError, parse_command_line
 from .data.lm_text import LMData, batch, eval_windows, load_lm_text
+from .hosts.hf_causal import cache_kwargs
 from .measure import count_flops, env_info, time_fn
 from .results import ResultsDir
 
@@ -449,7 +450,7 @@ def generate(model: nn.Module, prompt: torch.Tensor, n_new: int, temperature: fl
         if use_cache:
             if cache is None:
                 cache, fed = DynamicCache(config=model.config), 0
-            logits = model(ids[:, start + fed :], past_key_values=cache, use_cache=True).logits
+            logits = model(ids[:, start + fed :], **cache_kwargs(cache), use_cache=True).logits
             fed = ids.shape[1] - start
         else:
             logits = model(ids[:, start:], use_cache=False).logits

@@ -18,7 +18,7 @@ What happens to a token dropped before block l (``HF_NOTES.md`` "Causal models")
       so it still predicts the next token;
     * with a KV cache, it is not appended to the caches of blocks ≥ l, so caches of different
       blocks have different lengths; one mask per block is built with
-      ``create_causal_mask(..., past_key_values=cache, layer_idx=l)``, with a per-block 2D key
+      ``create_causal_mask(config, h, mask, cache, layer_idx=l)``, with a per-block 2D key
       mask kept on the cache (``cache._attnprune_keys``) only when short rows were padded.
       ``position_ids`` are never passed to the mask (gathered ids would look packed).
 
@@ -56,6 +56,7 @@ batch whose lengths change between its blocks.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field, replace
 from functools import partial
 
@@ -80,6 +81,16 @@ _KEYS_ATTR = "_attnprune_keys"  # per-block 2D key-validity masks stored on a KV
 # c ∈ {0, 4, 8, 16, 32, 64} at batch 8. Wider models pay more per slot, so for them it errs
 # towards fewer groups (FLOPs alone would want c = 0: one group per distinct count).
 GROUP_OVERHEAD_TOKENS = 32
+
+# transformers 5.24 renamed the cache argument of every model, layer and mask function from
+# ``past_key_values`` to ``cache`` (the old name is mapped, with a warning, until 5.40): the
+# hosts accept both and call the layers with the installed version's name.
+CACHE_KW = "cache" if "cache" in inspect.signature(GPT2Model.forward).parameters else "past_key_values"
+
+
+def cache_kwargs(cache) -> dict:
+    """``{name: cache}`` with the installed transformers' name for the cache argument."""
+    return {CACHE_KW: cache}
 
 
 def causal_methods() -> list[str]:
@@ -284,8 +295,8 @@ class CausalBlockLoop:
             # a real query i attends keys ≤ i, all real, so the causal mask alone is exact for
             # it (pad queries see real keys and are never read back). SDPA then runs its
             # is_causal path instead of a (b, 1, K, K) mask: cheaper on short rows.
-            return create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=None,
-                                      past_key_values=cache, position_ids=None, layer_idx=l)
+            # (the cache goes positionally: its keyword is ``cache`` from transformers 5.24 on)
+            return create_causal_mask(self.config, h, None, cache, position_ids=None, layer_idx=l)
         past_keys = key_masks[l]
         if cache is not None and past_keys.shape[1] != cache.get_seq_length(l):
             n = cache.get_seq_length(l)  # keys cached before any padding appeared are valid
@@ -293,8 +304,7 @@ class CausalBlockLoop:
                                               device=h.device), past_keys], dim=1)
             key_masks[l] = past_keys
         mask2d = torch.cat([past_keys, cmask], dim=1)
-        return create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=mask2d,
-                                  past_key_values=cache, position_ids=None, layer_idx=l)
+        return create_causal_mask(self.config, h, mask2d, cache, position_ids=None, layer_idx=l)
 
 
 
@@ -314,8 +324,10 @@ class PrunedGPT2Model(CausalBlockLoop, GPT2Model):
 
     def forward(self, input_ids=None, past_key_values=None, attention_mask=None,
                 token_type_ids=None, position_ids=None, inputs_embeds=None, use_cache=None,
-                **kwargs):
-        """Same inputs and outputs as ``GPT2Model.forward`` (no cross-attention)."""
+                cache=None, **kwargs):
+        """Same inputs and outputs as ``GPT2Model.forward`` (no cross-attention); the cache
+        comes as ``cache`` (transformers ≥ 5.24) or ``past_key_values`` (before)."""
+        past_key_values = _one_cache(cache, past_key_values)
         if kwargs.get("encoder_hidden_states") is not None:
             raise ValueError("encoder_hidden_states: the causal pruning host has no cross-attention")
         if input_ids is not None and inputs_embeds is not None:
@@ -335,7 +347,14 @@ class PrunedGPT2Model(CausalBlockLoop, GPT2Model):
                                     _block_kwargs(kwargs), rows={})
         hidden = self.ln_f(full)
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden, past_key_values=past_key_values if use_cache else None)
+            last_hidden_state=hidden, **cache_kwargs(past_key_values if use_cache else None))
+
+
+def _one_cache(cache, past_key_values):
+    """The cache given under either name (ValueError if both are given)."""
+    if cache is not None and past_key_values is not None:
+        raise ValueError("cache: give cache or past_key_values, not both")
+    return cache if cache is not None else past_key_values
 
 
 def _write_back(full: Tensor, pending: list, covered: bool = False) -> Tensor:

@@ -421,6 +421,7 @@ def _pruned_forward(state: HFEncoderState, original, hidden_states, attention_ma
         raise ValueError("hf_encoder: cross-attention (encoder_hidden_states) is not supported")
     kwargs.pop("encoder_attention_mask", None)
     kwargs.pop("past_key_values", None)
+    kwargs.pop("cache", None)  # the cache's name from transformers 5.24 on
     kwargs.pop("use_cache", None)
     training = state.encoder.training
     state.aux_losses = []

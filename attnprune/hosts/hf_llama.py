@@ -42,7 +42,14 @@ from torch import Tensor, nn
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from . import register_host
-from .hf_causal import CausalBlockLoop, CausalPatchState, _Pass, patch_causal
+from .hf_causal import (
+    CausalBlockLoop,
+    CausalPatchState,
+    _one_cache,
+    _Pass,
+    cache_kwargs,
+    patch_causal,
+)
 
 __all__ = ["FAMILIES", "REFUSED", "DecoderFamily", "PrunedDecoder", "family_of"]
 
@@ -144,12 +151,14 @@ class PrunedDecoder(CausalBlockLoop):
             idx = index[..., None].expand(-1, -1, cos.shape[-1])  # (b, K, d_head)
             cos, sin = torch.gather(cos, 1, idx), torch.gather(sin, 1, idx)
         kw = {"use_cache": run.use_cache} if FAMILIES[self.config.model_type].layer_use_cache else {}
-        return block(h, attention_mask=mask, past_key_values=run.cache,
-                     position_embeddings=(cos, sin), **kw)
+        return block(h, attention_mask=mask, position_embeddings=(cos, sin),
+                     **cache_kwargs(run.cache), **kw)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None,
-                past_key_values=None, inputs_embeds=None, use_cache=None, **kwargs):
-        """Same inputs and outputs as the family's ``*Model.forward`` (2D masks only)."""
+                past_key_values=None, inputs_embeds=None, use_cache=None, cache=None, **kwargs):
+        """Same inputs and outputs as the family's ``*Model.forward`` (2D masks only); the
+        cache comes as ``cache`` (transformers ≥ 5.24) or ``past_key_values`` (before)."""
+        past_key_values = _one_cache(cache, past_key_values)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("input_ids: give exactly one of input_ids or inputs_embeds")
         if isinstance(attention_mask, dict):
@@ -171,7 +180,7 @@ class PrunedDecoder(CausalBlockLoop):
         full = self._attnprune_loop(inputs_embeds, attention_mask, past_key_values, use_cache,
                                     {}, rows)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(full),
-                                       past_key_values=past_key_values if use_cache else None)
+                                       **cache_kwargs(past_key_values if use_cache else None))
 
 
 def _matches(model: nn.Module) -> bool:
