@@ -223,6 +223,11 @@ def row_groups(counts: Tensor, overhead: float = 32.0) -> list[Tensor]:
     length instead of padding every row to the batch's longest (written by hand: no library
     buckets rows whose lengths change inside a forward).
     """
+    hi, total = torch.stack([counts.max(), counts.sum()]).tolist() if counts.numel() else (0, 0)
+    if counts.numel() * hi - total <= overhead:
+        # All padding together is worth at most one group's cost: no split can pay (and ties
+        # go to fewer groups), so skip the search (cheaper than torch.unique on every gather).
+        return [torch.arange(counts.numel(), device=counts.device)]
     values, mult = torch.unique(counts, sorted=True, return_counts=True)
     u, n = values.tolist(), mult.tolist()
     m = len(u)

@@ -81,6 +81,29 @@ def test_row_groups_rule():
     assert len(row_groups(torch.tensor([7]), overhead=0)) == 1
 
 
+def _best_cost(counts: list[int], c: float) -> float:
+    """Brute force: the cheapest split of the sorted counts into runs (slots + c per group)."""
+    u = sorted(counts)
+    best = [0.0] + [float("inf")] * len(u)
+    for j in range(1, len(u) + 1):
+        for i in range(j):
+            best[j] = min(best[j], best[i] + (j - i) * u[j - 1] + c)
+    return best[-1]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_row_groups_is_optimal(seed):
+    # including the shortcut that skips the search when all padding is worth ≤ one group
+    g = torch.Generator().manual_seed(seed)
+    b = int(torch.randint(1, 9, (1,), generator=g))
+    counts = torch.randint(0, 30, (b,), generator=g)
+    c = float(torch.randint(0, 60, (1,), generator=g))
+    groups = row_groups(counts, overhead=c)
+    assert sorted(torch.cat(groups).tolist()) == list(range(b))
+    cost = sum(len(r) * int(counts[r].max()) + c for r in groups)
+    assert cost == pytest.approx(_best_cost(counts.tolist(), c))
+
+
 # -- same outputs ----------------------------------------------------------------------------
 @pytest.mark.parametrize("padded", [False, True])
 def test_bucketed_equals_unbucketed_with_very_different_counts(padded):

@@ -217,16 +217,18 @@ class CausalBlockLoop:
                     soft = sel.soft * cmask.to(sel.soft.dtype)
                     alive = soft if alive is None else alive * soft
                 keep = sel.keep & cmask
-                if bool((keep != cmask).any()):  # some tokens leave: gather the survivors
+                # one read for both: does any token leave, and the longest row after the gather
+                leaves, k_max = torch.stack([(keep != cmask).any().long(), keep.sum(1).max()]).tolist()
+                if leaves:  # some tokens leave: gather the survivors
                     pending.append((h, index, cmask & ~keep))  # the leavers' last states
                     if alive is None:
-                        g = gather_tokens(h, keep)
+                        g = gather_tokens(h, keep, size=max(k_max, 1))
                     else:
-                        g, alive = gather_tokens(h, keep, alive)
+                        g, alive = gather_tokens(h, keep, alive, size=max(k_max, 1))
                     h, cmask = g.hidden, g.mask
-                    any_alive, prefix = bool(cmask.any()), run.cache is None  # pads now at the ends
+                    any_alive, prefix = k_max > 0, run.cache is None  # pads now at the ends
                     index = torch.gather(index, 1, g.index)
-                    key_masks = self._gathered_keys(key_masks, g, l)
+                    key_masks = self._gathered_keys(key_masks, g, run.cache)
                     if run.bucket and h.shape[0] > 1:
                         groups = row_groups(cmask.sum(1), self._attnprune_group_overhead(h.shape[-1]))
                         if len(groups) > 1:
@@ -242,7 +244,7 @@ class CausalBlockLoop:
             if alive is not None:  # relaxed skip: a_j = 0 means the token keeps its state
                 out = h + alive[..., None] * (out - h)
             h = out
-            if key_masks is not None:
+            if key_masks is not None and run.cache is not None:  # without a cache: never read
                 key_masks[l] = torch.cat([key_masks[l], cmask], dim=1)
         pending.append((h, index, cmask))
         return _write_back(full, pending, covered), key_masks
@@ -277,10 +279,12 @@ class CausalBlockLoop:
             masks.append(attention_mask[:, :n].bool() if n else torch.ones(B, 0, dtype=torch.bool, device=dev))
         return masks
 
-    def _gathered_keys(self, key_masks, g, l):
+    def _gathered_keys(self, key_masks, g, cache):
         """After a gather, short rows are padded at the end: from now on pad slots must never
-        be keys, so per-block key masks start (empty = the cached keys, all valid)."""
-        if key_masks is not None or bool(g.mask.all()):
+        be keys, so per-block key masks start (empty = the cached keys, all valid). Without a
+        cache they are not needed: a pass without one has only pads at the row ends after a
+        gather, which the causal mask alone handles (see :meth:`_block_mask`)."""
+        if key_masks is not None or cache is None or bool(g.mask.all()):
             return key_masks
         B = g.mask.shape[0]
         return [torch.ones(B, 0, dtype=torch.bool, device=g.mask.device) for _ in self._attnprune_blocks()]

@@ -127,9 +127,11 @@ class LTPCausal(TokenMethod):
         i = self._slot(layer)
         w = self.w[i]
         d = hidden.shape[-1]
-        mu = hidden @ hidden.new_full((d,), 1.0 / d)
+        # one product gives w·h and μ = h·(1/d): (…, 2)
+        wm = torch.stack([w, w.new_full((d,), 1.0 / d)], dim=1)
+        wh, mu = (hidden @ wm).unbind(-1)
         var = (torch.linalg.vector_norm(hidden, dim=-1).square() / d - mu * mu).clamp_min(0)
-        return torch.sigmoid((hidden @ w - mu * w.sum()) * torch.rsqrt(var + 1e-5) + self.b[i])
+        return torch.sigmoid((wh - mu * w.sum()) * torch.rsqrt(var + 1e-5) + self.b[i])
 
     def forward(self, hidden, mask, attn=None, keep_ratio=None, layer=0, labels=None, protect=None):
         """Selection for the tokens entering block ``layer`` (see module docstring)."""
