@@ -167,6 +167,11 @@ def test_bench_lm_over_windows_with_and_without_row_bucketing(corpus, tmp_path):
     assert rows[True]["windows"] == 8 and rows[True]["bucket_rows"] is True
     assert rows[True]["flops_pruned"] <= rows[False]["flops_pruned"]
     assert rows[True]["flops_full"] == rows[False]["flops_full"]
+    # perplexity with pruning off and on, on the same windows; bucketing does not change it
+    assert rows[True]["perplexity_pruned"] == pytest.approx(rows[False]["perplexity_pruned"], rel=1e-5)
+    assert rows[True]["perplexity_full"] > 1.0
+    if rows[False]["flops_pruned"] == rows[False]["flops_full"]:  # nothing pruned yet: same model
+        assert rows[False]["perplexity_pruned"] == pytest.approx(rows[False]["perplexity_full"], rel=1e-6)
     with pytest.raises(ValueError, match="windows"):
         BenchLMConfig(run=str(run), windows=-1)
 

@@ -102,6 +102,9 @@ def bench_lm(cfg: BenchLMConfig, out: Path, exact: bool = False) -> Path:
     for T in cfg.lengths or (lm_cfg.context,):
         x, y = eval_windows(data.val, cfg.windows or cfg.batch_size, T)
         ev = evaluate(model, x, y, batch_size=cfg.batch_size)  # kept per layer on these batches
+        _set_enabled(model, False)
+        ppl_full = evaluate(model, x, y, batch_size=cfg.batch_size)["perplexity"]
+        _set_enabled(model, True)
         batches = x.split(cfg.batch_size)
 
         def fwd(batches=batches):
@@ -123,7 +126,8 @@ def bench_lm(cfg: BenchLMConfig, out: Path, exact: bool = False) -> Path:
                      "flops_effective_relative": eff / f_full,
                      "time_full_s": t_full.median_s, "time_full_mad_s": t_full.mad_s,
                      "time_pruned_s": t_pr.median_s, "time_pruned_mad_s": t_pr.mad_s,
-                     "time_relative": t_pr.median_s / t_full.median_s})
+                     "time_relative": t_pr.median_s / t_full.median_s,
+                     "perplexity_full": ppl_full, "perplexity_pruned": ev["perplexity"]})
     gen = {}
     if cfg.gen_tokens:
         prompt = data.val[:16][None]
@@ -139,10 +143,13 @@ def bench_lm(cfg: BenchLMConfig, out: Path, exact: bool = False) -> Path:
     rd.write_csv("bench.csv", rows)
     rd.write_json("summary.json", {"command": "bench lm", "env": env_info(), "run": str(cfg.run),
                                    "methods": {label: {"rows": rows, "generation_tokens_per_s": gen}}})
-    print(f"{'T':>5} {'FLOPs rel':>10} {'eff rel':>8} {'time full ms':>13} {'time pruned ms':>15} {'time rel':>9}")
+    print(f"{'T':>5} {'FLOPs rel':>10} {'eff rel':>8} {'time full ms':>13} {'time pruned ms':>15} "
+          f"{'time rel':>9} {'time/FLOPs':>11} {'ppl full':>9} {'ppl pruned':>11}")
     for r in rows:
         print(f"{r['length']:>5} {r['flops_relative']:>10.3f} {r['flops_effective_relative']:>8.3f} "
-              f"{1e3 * r['time_full_s']:>13.2f} {1e3 * r['time_pruned_s']:>15.2f} {r['time_relative']:>9.3f}")
+              f"{1e3 * r['time_full_s']:>13.2f} {1e3 * r['time_pruned_s']:>15.2f} {r['time_relative']:>9.3f} "
+              f"{r['time_relative'] / r['flops_relative']:>11.3f} {r['perplexity_full']:>9.3f} "
+              f"{r['perplexity_pruned']:>11.3f}")
     if gen:
         print(f"generation ({cfg.gen_tokens} tokens, T={cfg.temperature}, KV cache): full "
               f"{gen['full']:.1f} tok/s, pruned {gen['pruned']:.1f} tok/s (×{gen['relative']:.2f})")
