@@ -338,13 +338,11 @@ def _load_compacted(cls, folder: Path, record: dict, kwargs: dict) -> nn.Module:
     for f in files:
         state.update(load_file(str(f)))
     missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = set()
-    for k in missing:  # tied weights (an LM head) are saved once
-        tied.add(k)
+    # a tied LM head is saved once (under the embedding's name): missing only when tied
     if unexpected or (missing and not getattr(model.config, "tie_word_embeddings", False)):
         raise ValueError(f"{folder}: model.safetensors does not fit the compacted model: "
                          f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
-    if tied:
+    if missing:
         model.tie_weights()
     dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
     if dtype is not None and dtype != "auto":
