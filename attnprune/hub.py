@@ -20,6 +20,14 @@ host chose (``attnprune_method``, ``attnprune_method_2`` when stacked), and repl
 Only safetensors and JSON are read: nothing is unpickled, and nothing is fetched (the HF model
 is loaded with ``local_files_only=True``).
 
+A model compacted by :func:`attnprune.compact_ffn.compact` (dead FFN units cut out) has FFN
+projections smaller than its config says; format version 2 records their sizes in an
+``ffn_compact`` entry (FFN module name → units kept, plus the config's original size), and
+``from_pretrained`` builds the model from its config, shrinks those FFNs
+(:func:`compact_ffn.resize`), then loads ``model.safetensors`` into it (strictly). Such a
+folder's ``model.safetensors`` does not fit the stock config, so plain transformers cannot load
+it; stock models are still written as format 1 and version-1 files still load.
+
 ``from_pretrained`` checks the rebuilt schedule against the recorded one, so a change of how a
 newer attnprune reads the same options is an error, not silently different outputs.
 """
@@ -31,6 +39,7 @@ import os
 import shutil
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from . import api, registry
@@ -40,7 +49,8 @@ __all__ = ["FORMAT_VERSION", "RECIPE", "WEIGHTS", "from_pretrained", "save_pretr
 RECIPE = "attnprune.json"
 WEIGHTS = "attnprune.safetensors"
 FORMAT = "attnprune"
-FORMAT_VERSION = 1  # bump when attnprune.json changes incompatibly; readers refuse newer ones
+FORMAT_VERSION = 2  # bump when attnprune.json changes incompatibly; readers refuse newer ones
+# 2: ``ffn_compact`` (compacted FFNs); a file without it is written as 1, readable by older ones
 
 # (auto class, its name table in transformers.models.auto.modeling_auto), most specific first:
 # the first table that maps the model's ``model_type`` to its class gives the auto class.
@@ -96,15 +106,18 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike, tokenizer=None) -
         for k, v in s.modules.state_dict().items():
             tensors[prefix + k] = v.detach().to("cpu").clone().contiguous()
         owned += [n for n, m in model.named_modules(remove_duplicate=False) if m is s.modules]
+    compacted = _compacted_ffns(model)
     recipe = {
         "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if compacted else 1,
         "attnprune_version": _version(),
         "auto_class": _auto_class(model, stock),
         "architectures": [stock.__name__],
         "attn_implementation": _base_attn_implementation(model, states),
         "patches": patches,
     }
+    if compacted:
+        recipe["ffn_compact"] = compacted
     # The base weights without the methods' submodules: the stock model's state dict.
     base = {k: v for k, v in model.state_dict().items()
             if not any(k.startswith(n + ".") for n in owned)}
@@ -132,6 +145,25 @@ def _states(model: nn.Module) -> list:
     if state is None:
         return []
     return list(getattr(state, "states", [state]))
+
+
+def _compacted_ffns(model: nn.Module) -> dict | None:
+    """``{"original_units", "sizes": {FFN name: units}}`` when some FFN is smaller than the
+    config's intermediate size (a compacted model), else None."""
+    from . import compact_ffn
+
+    cfg = model.config
+    full = next((getattr(cfg, k) for k in ("intermediate_size", "hidden_dim", "n_inner")
+                 if isinstance(getattr(cfg, k, None), int)), None)
+    if full is None and getattr(cfg, "model_type", None) == "gpt2":
+        full = 4 * cfg.n_embd  # GPT-2's n_inner = None means 4·d
+    try:
+        sizes = compact_ffn.ffn_sizes(model)
+    except ValueError:  # no FFN compact_ffn knows: nothing can have been compacted
+        return None
+    if full is None or all(n == full for n in sizes.values()):
+        return None
+    return {"original_units": int(full), "sizes": {k: int(v) for k, v in sizes.items()}}
 
 
 def _check_target(path: Path) -> None:
@@ -243,7 +275,10 @@ def from_pretrained(path: str | os.PathLike, **hf_kwargs) -> nn.Module:
     kwargs = {"local_files_only": True, **hf_kwargs}
     if recipe.get("attn_implementation") and "attn_implementation" not in kwargs:
         kwargs["attn_implementation"] = recipe["attn_implementation"]
-    model = cls.from_pretrained(str(folder), **kwargs)
+    if recipe.get("ffn_compact"):
+        model = _load_compacted(cls, folder, recipe["ffn_compact"], kwargs)
+    else:
+        model = cls.from_pretrained(str(folder), **kwargs)
     patches = recipe["patches"]
     if not patches:
         return model
@@ -270,6 +305,48 @@ def from_pretrained(path: str | os.PathLike, **hf_kwargs) -> nn.Module:
     # eval mode for the methods too, as transformers returns the model: the encoder and
     # attention hosts leave a new method module in training mode (crisp would update its
     # entropy EMA, LTP calibrate its thresholds, on the first forward)
+    return model.eval()
+
+
+def _load_compacted(cls, folder: Path, record: dict, kwargs: dict) -> nn.Module:
+    """A compacted model: built from its config, FFNs shrunk to the recorded sizes, then
+    ``model.safetensors`` loaded strictly (safetensors only: nothing unpickled)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from . import compact_ffn
+
+    supported = {"local_files_only", "attn_implementation", "dtype", "torch_dtype"}
+    other = sorted(set(kwargs) - supported)
+    if other:
+        raise ValueError(f"{other[0]}: not supported when loading a compacted model "
+                         f"(ffn_compact in {RECIPE}); load it, then move it")
+    cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    extra = {"attn_implementation": kwargs["attn_implementation"]} if kwargs.get(
+        "attn_implementation") else {}
+    # an auto class builds from a config with from_config, a model class with _from_config
+    build = getattr(cls, "from_config", None) or cls._from_config
+    model = build(cfg, **extra)
+    try:
+        compact_ffn.resize(model, dict(record["sizes"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{folder / RECIPE}: bad ffn_compact record: {e}") from e
+    files = sorted(folder.glob("model*.safetensors"))
+    if not files:
+        raise ValueError(f"path: {folder} has no model.safetensors")
+    state = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # a tied LM head is saved once (under the embedding's name): missing only when tied
+    if unexpected or (missing and not getattr(model.config, "tie_word_embeddings", False)):
+        raise ValueError(f"{folder}: model.safetensors does not fit the compacted model: "
+                         f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    if missing:
+        model.tie_weights()
+    dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
+    if dtype is not None and dtype != "auto":
+        model = model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
     return model.eval()
 
 

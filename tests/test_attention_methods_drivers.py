@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from attnprune.bench.attention import BenchAttentionConfig, format_table, run
 from attnprune.config import ConfigError, parse_command_line
@@ -93,3 +94,86 @@ def test_table3_from_sparse_ffn_records():
 def test_sweep_rejects_bad_sparse_ffn_options(key, value):
     with pytest.raises((ValueError, ConfigError), match=key):
         parse_command_line([f"--{key}", value], SweepConfig)
+
+
+# ----------------------------------------------------------------------------- compaction
+@pytest.mark.parametrize("key,value", [("ffn_penalty", "l2"), ("compact_thresholds", "[nan]"),
+                                       ("compact_thresholds", "[0, 0]"),
+                                       ("compact_criterion", "topk"),
+                                       ("compact_fold", "maybe"), ("compact_batches", "0")])
+def test_sweep_rejects_bad_compaction_options(key, value):
+    with pytest.raises((ValueError, ConfigError), match=key):
+        parse_command_line([f"--{key}", value], SweepConfig)
+
+
+def test_group_penalty_settings_are_labelled_and_passed():
+    runs = settings(SweepConfig(sweep="cost", lams=(0.0, 1e-3), locations=("both",),
+                                ffn_penalty="group"))
+    assert [r[0] for r in runs] == [DENSE, "cost-lam0.001-both-group"]
+    assert runs[1][2]["ffn_penalty"] == "group"
+
+
+def _tiny_loader(n: int = 12, seed: int = 0):
+    from torch.utils.data import DataLoader
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 50, (n, 10), generator=g)
+    labels = torch.randint(0, 2, (n,), generator=g)
+
+    def collate(rows):
+        mask = torch.ones(len(rows), 10, dtype=torch.long)
+        mask[0, 7:] = 0
+        return {"input_ids": ids[rows], "attention_mask": mask, "labels": labels[rows]}
+
+    return DataLoader(list(range(n)), batch_size=4, collate_fn=collate)
+
+
+def test_compact_runs_measure_and_summarise(tmp_path):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from attnprune.experiments.attention_sweeps import (
+        compact_label,
+        compact_runs,
+        compact_summary,
+        format_compact_table,
+    )
+    from attnprune.measure import count_flops
+    from attnprune.results import ResultsDir
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, num_labels=2, hidden_act="relu")).eval()
+    with torch.no_grad():  # half the units never fire
+        for layer in model.bert.encoder.layer:
+            layer.intermediate.dense.bias[:32] = -100.0
+    cfg = SweepConfig(sweep="cost", lams=(0.0, 1e-3), locations=("both",), seeds=(0,),
+                      compact_thresholds=(0.0,), compact_batches=2, timing_batches=1,
+                      timing_repeats=1, progress=False)
+    test = _tiny_loader()
+    dense_flops = sum(count_flops(lambda b=b: model(input_ids=b["input_ids"],
+                                                    attention_mask=b["attention_mask"]))
+                      for b in test)
+    results = ResultsDir(tmp_path)
+    out = compact_runs(cfg, model, _tiny_loader(8, seed=1), test, DENSE, 0, results, dense_flops)
+    r = out["0"]
+    assert r["label"] == compact_label(DENSE, 0.0)
+    assert r["removed_fraction"] >= 0.5 and r["kept_by_layer"][0] <= 32
+    assert r["flops"]["relative"] < 0.9
+    assert r["time"]["relative"] > 0 and r["calibration_batches"] == 2
+    assert (tmp_path / "predictions" / f"{compact_label(DENSE, 0.0)}__seed0.npz").is_file()
+    # summary and table from records (dense compacted; a λ setting with a made-up record)
+    test_rec = {"accuracy": 0.8, "mcc": 0.5, "n": 12, "flops": {"full_measured": dense_flops}}
+    lam = {**r, "label": compact_label("cost-lam0.001-both", 0.0), "accuracy": 0.7}
+    records = {(DENSE, 0): {"seed": 0, "test": test_rec, "compact": out},
+               ("cost-lam0.001-both", 0): {"seed": 0, "test": test_rec, "compact": {"0": lam}}}
+    s = compact_summary(cfg, records, settings(cfg))
+    assert list(s) == [compact_label(DENSE, 0.0), compact_label("cost-lam0.001-both", 0.0)]
+    m = s[compact_label("cost-lam0.001-both", 0.0)]
+    assert m["delta_accuracy_vs_lam0"]["mean"] == pytest.approx(-0.1)
+    assert m["flops_relative_to_lam0"] == pytest.approx(r["flops"]["relative"])
+    cmp = [{"a": lam["label"], "b": DENSE, "metric": "accuracy", "diff": -0.1, "p": 0.01,
+            "p_holm": 0.03, "ci95": [-0.2, 0.0]}]
+    table = format_compact_table(cfg, records, s, cmp)
+    assert "| 0.001 | 0 |" in table and "| 0.03 |" in table
+    assert table.count("\n| ") == 4  # header, dense, two compacted rows

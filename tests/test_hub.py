@@ -210,7 +210,8 @@ def test_folder_is_a_plain_hf_folder_plus_recipe(saved):
     stock = AutoModelForSequenceClassification.from_pretrained(d)  # any HF tool reads it
     assert attnprune.patch_state(stock) is None
     r = json.loads((d / hub.RECIPE).read_text())
-    assert r["format_version"] == hub.FORMAT_VERSION and r["attnprune_version"] == attnprune.__version__
+    # not compacted: written as format 1, which older readers still read
+    assert r["format_version"] == 1 and r["attnprune_version"] == attnprune.__version__
     assert r["auto_class"] == "AutoModelForSequenceClassification"
     assert [p["method"] for p in r["patches"]] == ["ltp", "crisp"]
     assert r["patches"][0]["options"] == TOKEN_OPTIONS["bert"]

@@ -26,6 +26,14 @@ stock model) and with :mod:`attnprune.sparse_ffn` on its FFNs, for every thresho
 counted FLOPs, wall time interleaved with the same weights on the dense FFN, token and block
 sparsity, and predictions (label ``<setting>-sffn<τ>-b<block>``) that join the paired tests
 against dense. ``table3.md`` puts them in the paper's layout.
+Structured savings (issue 13): ``ffn_penalty: group`` trains with the group-lasso FFN term
+(whole units off for every token, :mod:`attnprune.methods.cost`); with ``compact_thresholds``
+set, every dense and cost model is also evaluated after :func:`attnprune.compact_ffn.compact`
+cut out its units dead on ``compact_batches`` training batches, at each threshold: units
+removed, counted FLOPs relative to the same weights uncompacted and to λ = 0, latency relative
+to the same weights uncompacted (interleaved, one process), accuracy and MCC, and predictions
+(label ``<setting>-compact<τ>``) that join the paired tests against dense (same Holm family).
+``table3_compact.md`` puts them in one table.
 
 Writes ``config.yaml``, ``summary.json`` (``methods`` + ``comparisons`` + ``sparse_ffn``),
 ``metrics.csv``, ``table.md``, ``table3.md`` (with the sparse FFN) (the papers' table layout with CIs and Holm-adjusted p), ``predictions/``,
@@ -34,6 +42,7 @@ figures; a rerun with the same ``--out`` skips finished settings.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 
@@ -79,6 +88,13 @@ class SweepConfig:
     sparse_ffn_mode: str = "relu"  # relu: a ≤ τ counts as zero (τ = 0: z ≤ 0); magnitude: |a| ≤ τ
     sparse_ffn_blocks: tuple[int, ...] = (256,)  # token rows per block (union of active units)
     sparse_ffn_max_active: float = 0.5  # blocks more active than this run dense (break-even)
+    # structured savings: the FFN term of cost ("l1": the paper's eq. 2; "group": group lasso
+    # over units) and compaction of dead units after training (compact_ffn.py; empty: off)
+    ffn_penalty: str = "l1"
+    compact_thresholds: tuple[float, ...] = ()
+    compact_criterion: str = "relu"  # relu: dead when z <= τ on every token; magnitude: |a| <= τ
+    compact_fold: bool = True  # fold the dead units' mean contribution into the output bias
+    compact_batches: int = 8  # calibration batches (eval_batch_size rows) from the train set
     threads: int | None = None
     progress: bool = True
 
@@ -112,6 +128,23 @@ class SweepConfig:
         if not 0.0 <= self.sparse_ffn_max_active <= 1.0:
             raise ValueError(f"sparse_ffn_max_active: must be in [0, 1], got "
                              f"{self.sparse_ffn_max_active}")
+        if self.ffn_penalty not in ("l1", "group"):
+            raise ValueError(f"ffn_penalty: 'l1' or 'group', got {self.ffn_penalty!r}")
+        for t in self.compact_thresholds:
+            if not (isinstance(t, (int, float)) and math.isfinite(t)):
+                raise ValueError(f"compact_thresholds: finite numbers, got {t!r}")
+            if self.compact_criterion == "magnitude" and t < 0:
+                raise ValueError(f"compact_thresholds: must be >= 0 with compact_criterion "
+                                 f"'magnitude', got {t}")
+        if len(set(self.compact_thresholds)) != len(self.compact_thresholds):
+            raise ValueError(f"compact_thresholds: repeated value in {self.compact_thresholds}")
+        if self.compact_criterion not in ("relu", "magnitude"):
+            raise ValueError(f"compact_criterion: 'relu' or 'magnitude', got "
+                             f"{self.compact_criterion!r}")
+        if not isinstance(self.compact_fold, bool):
+            raise ValueError(f"compact_fold: true or false, got {self.compact_fold!r}")  # noqa: TRY004 (config errors are ValueErrors)
+        if not (isinstance(self.compact_batches, int) and self.compact_batches >= 1):
+            raise ValueError(f"compact_batches: an integer >= 1, got {self.compact_batches!r}")
         for name in ("max_train", "max_eval", "threads"):
             v = getattr(self, name)
             if v is not None and v < 1:
@@ -136,9 +169,10 @@ def settings(cfg: SweepConfig) -> list[tuple[str, str | None, dict, dict]]:
         for loc in cfg.locations:
             for lam in cfg.lams:
                 if lam > 0:
-                    runs.append((f"cost-lam{lam:g}-{loc}", "cost",
+                    group = cfg.ffn_penalty == "group"
+                    runs.append((f"cost-lam{lam:g}-{loc}" + ("-group" if group else ""), "cost",
                                  {"lam": lam, "alpha": cfg.alpha, "beta": cfg.beta,
-                                  "location": loc},
+                                  "location": loc, **({"ffn_penalty": "group"} if group else {})},
                                  {"sparsity": 0.0, "schedule": "-", "lam": lam, "location": loc}))
     return runs
 
@@ -189,6 +223,14 @@ def run_one(cfg: SweepConfig, seed: int, label: str, method: str | None, options
         api.unpatch(model)
         record["sparse_ffn"] = sparse_ffn_runs(cfg, model, test, label, seed, results,
                                                scalars["flops"]["full_measured"])
+    if cfg.compact_thresholds and method in (None, "cost"):
+        if api.patch_state(model) is not None:
+            api.unpatch(model)  # cost is a loss: the trained weights run stock
+        # calibration: the first batches of the training subset the model was tuned on
+        calib = _loader(data.train, tok, cfg.eval_batch_size, cfg.max_length, True, seed,
+                        cfg.max_train)
+        record["compact"] = compact_runs(cfg, model, calib, test, label, seed, results,
+                                         scalars["flops"]["full_measured"])
     results.save_run(f"{label}__seed{seed}", record)
     return record
 
@@ -239,6 +281,136 @@ def sparse_ffn_runs(cfg: SweepConfig, model, test, label: str, seed: int,
     return out
 
 
+def compact_label(label: str, threshold: float) -> str:
+    """Label of ``label``'s model evaluated compacted at ``threshold``."""
+    return f"{label}-compact{threshold:g}"
+
+
+def compact_runs(cfg: SweepConfig, model, calib, test, label: str, seed: int,
+                 results: ResultsDir, dense_flops: int) -> dict:
+    """The trained ``model`` compacted (:func:`compact_ffn.compact`, calibrated on the first
+    ``compact_batches`` of ``calib``) at every threshold and evaluated: task metrics
+    (predictions saved for the paired tests), FLOPs over the whole test set relative to
+    ``dense_flops`` (the uncompacted weights on the same batches), latency interleaved with
+    the uncompacted weights, units removed per layer."""
+    import itertools
+
+    from ..compact_ffn import compact
+    from ..finetune import evaluate
+
+    keys = ("input_ids", "attention_mask", "token_type_ids")
+    batches = [{k: b[k] for k in keys if k in b}
+               for b in itertools.islice(calib, cfg.compact_batches)]
+    model.eval()
+    out = {}
+    for tau in cfg.compact_thresholds:
+        sub = compact_label(label, tau)
+        small, report = compact(model, batches, threshold=tau, criterion=cfg.compact_criterion,
+                                fold=cfg.compact_fold)
+        ev = evaluate(small, test, full_flops=dense_flops, timing_batches=cfg.timing_batches,
+                      timing_repeats=cfg.timing_repeats, full_model=model,
+                      progress=cfg.progress, desc=f"{sub} test")
+        results.save_predictions(sub, seed, ev["y_true"], ev["y_pred"], ev["probs"])
+        out[f"{tau:g}"] = {
+            "label": sub, "threshold": tau, "criterion": cfg.compact_criterion,
+            "fold": cfg.compact_fold, "calibration_batches": len(batches),
+            **{k: v for k, v in ev.items() if k not in ("y_true", "y_pred", "probs")},
+            "removed_fraction": report["removed_fraction"],
+            "kept_by_layer": [v["kept"] for v in report["layers"].values()],
+            "units_by_layer": [v["units"] for v in report["layers"].values()]}
+        del small
+    return out
+
+
+def compact_summary(cfg: SweepConfig, records: dict, runs: list) -> dict:
+    """Per setting and threshold, the seeds' compacted results: units removed, FLOPs relative
+    to the same weights uncompacted and to the λ = 0 model of the same seed, latency relative
+    to the same weights uncompacted, accuracy (mean, CI over seeds), MCC, Δ accuracy vs λ = 0
+    (per seed, then mean and t-interval over seeds)."""
+    out = {}
+    mean = lambda xs: float(np.mean(xs))
+    for label, _, _, keys in runs:
+        recs = [records[(label, s)] for s in cfg.seeds
+                if (label, s) in records and records[(label, s)].get("compact")]
+        for tau_key in (recs[0]["compact"] if recs else {}):
+            pairs = [(r, r["compact"][tau_key]) for r in recs if tau_key in r["compact"]]
+            xs = [x for _, x in pairs]
+            dense = [records.get((DENSE, r["seed"])) for r, _ in pairs]
+            accs = [x["accuracy"] for x in xs]
+            cis = [list(stats.wilson_ci(round(x["accuracy"] * x["n"]), x["n"])[:2]) for x in xs]
+            deltas = [x["accuracy"] - d["test"]["accuracy"] for x, d in zip(xs, dense) if d]
+            rel_dense = [x["flops"]["measured"] / d["test"]["flops"]["full_measured"]
+                         for x, d in zip(xs, dense) if d]
+            out[xs[0]["label"]] = {
+                **keys, "setting": label, "threshold": xs[0]["threshold"],
+                "criterion": xs[0]["criterion"], "fold": xs[0]["fold"],
+                "seeds": [r["seed"] for r, _ in pairs],
+                "removed_fraction": stats.aggregate_seeds([x["removed_fraction"] for x in xs],
+                                                          [[x["removed_fraction"]] * 2
+                                                           for x in xs]),
+                "removed_by_layer": np.mean([[1 - k / u for k, u in zip(x["kept_by_layer"],
+                                                                        x["units_by_layer"])]
+                                             for x in xs], 0).tolist(),
+                "flops_relative": mean([x["flops"]["relative"] for x in xs]),
+                "flops_relative_to_lam0": mean(rel_dense) if rel_dense else None,
+                "gflops_per_example": mean([x["flops"]["measured"] / x["n"] / 1e9 for x in xs]),
+                "time_relative": stats.aggregate_seeds([x["time"]["relative"] for x in xs],
+                                                       [[x["time"]["relative"]] * 2 for x in xs]),
+                "latency_ms_per_batch": mean([x["time"]["median_s"] / x["time"]["batches"] * 1e3
+                                              for x in xs]),
+                "accuracy": stats.aggregate_seeds(accs, cis),
+                "mcc": mean([x["mcc"] for x in xs]), "mcc_per_seed": [x["mcc"] for x in xs],
+                "delta_accuracy_vs_lam0": (stats.aggregate_seeds(deltas, [[d, d] for d in deltas])
+                                           if deltas else None),
+            }
+    return out
+
+
+def format_compact_table(cfg: SweepConfig, records: dict, compact: dict,
+                         comparisons: list[dict]) -> str:
+    """Table 3 with compaction: λ = 0 dense, then every (setting, τ) compacted; Δ and the
+    per-seed McNemar p (Holm over the sweep) against λ = 0 dense."""
+    by_label: dict = {}
+    for c in comparisons:
+        if c["metric"] == "accuracy":
+            by_label.setdefault(c["a"], []).append(c)
+    ci = lambda a, f="{:.4f}": f"{f.format(a['mean'])} [{f.format(a['ci95'][0])}, " \
+                               f"{f.format(a['ci95'][1])}]"
+    n_seeds = len(cfg.seeds)
+    one = "; one seed: Wilson CI" if n_seeds == 1 else ""
+    head = (f"Seeds: {list(cfg.seeds)} (mean [95% CI over seeds]{one}). "
+            f"FFN penalty {cfg.ffn_penalty}; compaction criterion {cfg.compact_criterion}, "
+            f"fold {cfg.compact_fold}, {cfg.compact_batches} calibration batches of "
+            f"{cfg.eval_batch_size} training rows. FLOPs counted over the test set; latency "
+            f"per batch of {cfg.eval_batch_size}, {cfg.timing_repeats} interleaved repeats, "
+            f"relative to the same weights uncompacted; {cfg.threads or 'default'} thread(s). "
+            f"p Holm: McNemar vs λ = 0 dense per seed, Holm over the sweep; the largest over "
+            f"seeds.")
+    cols = ("| λ | τ | units removed | FLOPs rel (same weights) | FLOPs rel (λ=0) | "
+            "latency rel | accuracy | MCC | Δacc vs λ=0 | p Holm (max over seeds) |")
+    lines = [head, "", cols, "|" + "---|" * 10]
+    dense = [records[(DENSE, s)]["test"] for s in cfg.seeds if (DENSE, s) in records]
+    if dense:
+        acc = stats.aggregate_seeds([x["accuracy"] for x in dense],
+                                    [list(stats.wilson_ci(round(x["accuracy"] * x["n"]),
+                                                          x["n"])[:2]) for x in dense])
+        lines.append(f"| 0 (dense) | — | 0 | 1.000 | 1.000 | 1.000 | {ci(acc)} | "
+                     f"{np.mean([x['mcc'] for x in dense]):.3f} | — | — |")
+    for sub, m in compact.items():
+        cs = by_label.get(sub, [])
+        ph = f"{max(c['p_holm'] for c in cs):.2g}" if cs and all(
+            c.get("p_holm") is not None for c in cs) else "—"
+        d = m["delta_accuracy_vs_lam0"]
+        r = m["removed_fraction"]
+        lines.append(
+            f"| {m['lam']:g} | {m['threshold']:g} | {r['mean'] * 100:.1f}% "
+            f"[{r['ci95'][0] * 100:.1f}, {r['ci95'][1] * 100:.1f}] | {m['flops_relative']:.3f} | "
+            f"{m['flops_relative_to_lam0'] if m['flops_relative_to_lam0'] is None else format(m['flops_relative_to_lam0'], '.3f')} | "
+            f"{ci(m['time_relative'], '{:.3f}')} | {ci(m['accuracy'])} | {m['mcc']:.3f} | "
+            f"{'—' if d is None else ci(d, '{:+.4f}')} | {ph} |")
+    return "\n".join(lines) + "\n"
+
+
 def summarize(cfg: SweepConfig, records: dict, results: ResultsDir) -> dict:
     """summary.json, metrics.csv, table.md and figures from the finished records."""
     from ..analysis import plot_accuracy_vs
@@ -286,9 +458,10 @@ def summarize(cfg: SweepConfig, records: dict, results: ResultsDir) -> dict:
                          "time_relative": r["test"].get("time", {}).get("relative")})
     comparisons = _comparisons(cfg, results, load_predictions)
     sparse = sparse_summary(cfg, records, runs)
+    compacted = compact_summary(cfg, records, runs)
     summary = {"command": f"attention sweep {cfg.sweep}", "env": env_info(),
                "config": to_dict(cfg), "methods": methods, "comparisons": comparisons,
-               "sparse_ffn": sparse,
+               "sparse_ffn": sparse, "compact": compacted,
                "notes": {"dense": "s = 0 and λ = 0 are this run (they reproduce it to 1e-5)",
                          "flops": "measured FLOPs are of dense kernels; sparse_proxy_relative "
                                   "is an analytic bound, not realised"}}
@@ -298,6 +471,9 @@ def summarize(cfg: SweepConfig, records: dict, results: ResultsDir) -> dict:
     results.write_text("table.md", format_table(cfg, methods, comparisons))
     if sparse:
         results.write_text("table3.md", format_table3(cfg, records, sparse, comparisons))
+    if compacted:
+        results.write_text("table3_compact.md",
+                           format_compact_table(cfg, records, compacted, comparisons))
     _figures(cfg, methods, results, plot_accuracy_vs)
     return summary
 

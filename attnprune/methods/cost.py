@@ -25,6 +25,23 @@ own activation is GELU (BERT, DistilBERT, GPT-2): GELU(z) ≈ ReLU(z) for z ≫ 
 z ≪ 0, so pushing pre-activations below 0 is what makes GELU outputs (near-)zero and the FFN
 activation sparse. Per layer: L1 over the units, mean over the real tokens of the batch.
 
+Structured variant (``ffn_penalty="group"``, not in the paper; issue 13). The element-wise L1
+makes each token's activation sparse, but tokens switch off *different* units, so no unit is
+off for every token and a dense kernel saves nothing. The group lasso (Yuan & Lin 2006) puts
+one L2 norm on each unit's column a_u = ReLU(z_u) over the N real tokens of the batch:
+
+    R_group = Σ_u ‖a_u‖₂ / √N = Σ_u RMS_t(a_tu)                           (per layer)
+
+Its gradient a_u / ‖a_u‖₂ shrinks a unit's activations on all tokens together and is largest
+for units that are already weak, so whole units go to zero for every token; those units can be
+cut out of the weights (:mod:`attnprune.compact_ffn`) and the savings are real. Normalisation:
+dividing by √N makes the term the sum over units of each unit's root-mean-square activation,
+independent of batch size and sequence length, and equal to the L1 term (mean over tokens of
+Σ_u a_tu) when every token has the same activations, so λ keeps the paper's range. (Dividing by
+N instead would shrink the term as 1/√N with the batch.) A unit that is 0 on every token has
+‖a_u‖₂ = 0, where the norm is not differentiable: its subgradient 0 is used (the norm is
+computed as √(Σ a² + ε²) − ε with ε tiny, so a dead unit gets exactly zero gradient).
+
 Scale: both terms are sums over heads / units (not means), as in eq. 2, so λ has the paper's
 range (1e-6 … 1e-2). ``location`` selects both terms ("both"), attention only, or FFN only
 (the paper's ablation); λ = 0 leaves the model's outputs and gradients stock.
@@ -45,6 +62,8 @@ from ..registry import register
 from .crisp import allowed_keys, fused_attention, masked_scores, score_bias, softmax_rows
 
 LOCATIONS = ("both", "attention", "ffn")
+FFN_PENALTIES = ("l1", "group")
+_GROUP_EPS = 1e-12  # smooths ‖a_u‖₂ at 0 (see the module docstring); far below any activation
 
 
 def row_entropy_bits(probs: Tensor) -> Tensor:
@@ -63,19 +82,24 @@ def masked_mean(x: Tensor, token_mask: Tensor | None, dims: tuple[int, ...]) -> 
 
 @register("cost", kind="loss", paper="compute_cost_incentive_ocr_zh.txt")
 class CostIncentive(nn.Module):
-    """Computational-cost incentive: λ·(α·attention entropy + β·‖ReLU(W1x+b1)‖₁) in the loss."""
+    """Computational-cost incentive: λ·(α·attention entropy + β·FFN term) in the loss; the FFN
+    term is ‖ReLU(W1x+b1)‖₁ (``ffn_penalty="l1"``, eq. 2) or the group lasso over units
+    (``"group"``)."""
 
     needs_hidden = False
 
     def __init__(self, lam: float = 1e-4, alpha: float = 1.0, beta: float = 1.0,
-                 location: str = "both") -> None:
+                 location: str = "both", ffn_penalty: str = "l1") -> None:
         super().__init__()
         for name, v in {"lam": lam, "alpha": alpha, "beta": beta}.items():
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
         if location not in LOCATIONS:
             raise ValueError(f"location: must be one of {LOCATIONS}, got {location!r}")
+        if ffn_penalty not in FFN_PENALTIES:
+            raise ValueError(f"ffn_penalty: must be one of {FFN_PENALTIES}, got {ffn_penalty!r}")
         self.lam, self.alpha, self.beta, self.location = float(lam), float(alpha), float(beta), location
+        self.ffn_penalty = ffn_penalty
 
     @property
     def attention_on(self) -> bool:
@@ -128,7 +152,25 @@ class CostIncentive(nn.Module):
         return torch.matmul(dropped, value).transpose(1, 2).contiguous(), probs
 
     def ffn_term(self, pre_activation: Tensor, token_mask: Tensor | None) -> Tensor:
-        """λ·β·‖ReLU(W1x + b1)‖₁ of one layer: L1 over units, mean over real tokens."""
-        l1 = torch.relu(pre_activation).sum(-1)  # (B, T)
-        tm = token_mask if token_mask is not None and token_mask.shape == l1.shape else None
-        return self.lam * self.beta * masked_mean(l1, tm, dims=(0, 1))
+        """λ·β·(FFN penalty) of one layer. ``l1``: ‖ReLU(W1x + b1)‖₁ over units, mean over real
+        tokens; ``group``: Σ_u ‖ReLU(z_u)‖₂ / √N over the N real tokens (:func:`group_lasso`)."""
+        a = torch.relu(pre_activation)  # (B, T, U)
+        tm = token_mask if token_mask is not None and token_mask.shape == a.shape[:-1] else None
+        if self.ffn_penalty == "group":
+            return self.lam * self.beta * group_lasso(a, tm)
+        return self.lam * self.beta * masked_mean(a.sum(-1), tm, dims=(0, 1))
+
+
+def group_lasso(a: Tensor, token_mask: Tensor | None) -> Tensor:
+    """Σ_u ‖a_u‖₂ / √N: ``a`` (B, T, U) activations, ``token_mask`` (B, T) real tokens (None:
+    all); the column of unit u is its activation on the N real tokens. 0 when N = 0."""
+    a = a.float()
+    if token_mask is not None:
+        w = token_mask.to(a.dtype)[..., None]  # (B, T, 1)
+        a = a * w
+        n = w.sum()
+    else:
+        n = torch.tensor(float(a.shape[0] * a.shape[1]), device=a.device)
+    sq = (a * a).sum(dim=(0, 1))  # (U,)
+    norms = torch.sqrt(sq + _GROUP_EPS**2) - _GROUP_EPS  # (U,) = ‖a_u‖₂, gradient 0 at a_u = 0
+    return norms.sum() / n.clamp_min(1.0).sqrt()
