@@ -52,8 +52,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-__all__ = ["MODES", "SparseFFNOutput", "apply", "block_sparse_linear", "remove",
-           "stats", "reset_stats", "block_reference"]
+__all__ = [
+    "MODES",
+    "SparseFFNOutput",
+    "apply",
+    "block_reference",
+    "block_sparse_linear",
+    "remove",
+    "reset_stats",
+    "stats",
+]
 
 MODES = ("relu", "magnitude")
 # FFN first layer (cost.py's hook point) → the second projection beside it, per family
@@ -350,9 +358,9 @@ def bench(cfg: BenchConfig) -> list[dict]:
                 wraps = {b: SparseFFNOutput(lin, 0.0, "relu", b, 1.0) for b in cfg.blocks}
                 # max_active = 0: every block takes the dense path — the price of looking
                 falls = {b: SparseFFNOutput(lin, 0.0, "relu", b, 0.0) for b in cfg.blocks}
-                fns = {"dense": lambda: lin(a)}
-                fns.update({f"block{b}": (lambda w=w: w(a)) for b, w in wraps.items()})
-                fns.update({f"fallback{b}": (lambda w=w: w(a)) for b, w in falls.items()})
+                fns = {"dense": lambda a=a: lin(a)}
+                fns.update({f"block{b}": (lambda w=w, a=a: w(a)) for b, w in wraps.items()})
+                fns.update({f"fallback{b}": (lambda w=w, a=a: w(a)) for b, w in falls.items()})
                 t = time_interleaved(fns, repeats=cfg.repeats, warmup=2)
                 for b, w in wraps.items():
                     w.units_used = w.units_total = 0
@@ -369,12 +377,12 @@ def bench(cfg: BenchConfig) -> list[dict]:
 
 def format_bench(rows: list[dict], cfg: BenchConfig) -> str:
     """Markdown table of :func:`bench` rows."""
-    lines = [f"second FFN projection, N = {cfg.rows} rows, d_ff = {cfg.d_ff} → d = {cfg.d_model}, "
-             f"{cfg.threads} thread(s), {cfg.repeats} interleaved repeats (medians)", "",
-             "time ratio: sparse path on every block; dense-path ratio: every block forced "
-             "dense (max_active = 0), the overhead of looking", "",
-             "| pattern | block | token sparsity | block sparsity | FLOPs ratio | time ratio | "
-             "dense-path ratio | dense ms |", "|---|---|---|---|---|---|---|---|"]
+    lines = [(f"second FFN projection, N = {cfg.rows} rows, d_ff = {cfg.d_ff} → d = {cfg.d_model}, "
+              f"{cfg.threads} thread(s), {cfg.repeats} interleaved repeats (medians)"), "",
+             ("time ratio: sparse path on every block; dense-path ratio: every block forced "
+              "dense (max_active = 0), the overhead of looking"), "",
+             ("| pattern | block | token sparsity | block sparsity | FLOPs ratio | time ratio | "
+              "dense-path ratio | dense ms |"), "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['pattern']} | {r['block']} | {r['sparsity']:.2f} | "
                      f"{r['block_sparsity']:.3f} | {r['flops_ratio']:.3f} | "

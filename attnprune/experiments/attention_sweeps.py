@@ -518,14 +518,14 @@ def format_table3(cfg: SweepConfig, records: dict, sparse: dict, comparisons: li
         if c["metric"] == "accuracy":
             acc_cmp.setdefault(c["a"], []).append(c)
     dense = [records[(DENSE, s)] for s in cfg.seeds if (DENSE, s) in records]
-    lines = [f"Seeds: {list(cfg.seeds)}{' (one seed: no CI over seeds)' if len(cfg.seeds) == 1 else ''}. "
-             f"Sparse FFN: mode {cfg.sparse_ffn_mode}, "
-             f"max_active {cfg.sparse_ffn_max_active:g}. FLOPs counted (FlopCounterMode) over the "
-             f"test set; latency per batch of {cfg.eval_batch_size}, {cfg.timing_repeats} "
-             f"interleaved repeats, relative to the same weights with a dense FFN.", "",
-             "| λ | τ | block | GFLOPs / example | FLOPs rel | latency ms / batch | latency rel | "
-             "token sparsity | block sparsity (skipped) | accuracy [95% CI] | MCC | "
-             "Δacc vs λ=0 dense [95% CI] | p Holm |", "|" + "---|" * 13]
+    lines = [(f"Seeds: {list(cfg.seeds)}{' (one seed: no CI over seeds)' if len(cfg.seeds) == 1 else ''}. "
+              f"Sparse FFN: mode {cfg.sparse_ffn_mode}, "
+              f"max_active {cfg.sparse_ffn_max_active:g}. FLOPs counted (FlopCounterMode) over the "
+              f"test set; latency per batch of {cfg.eval_batch_size}, {cfg.timing_repeats} "
+              f"interleaved repeats, relative to the same weights with a dense FFN."), "",
+             ("| λ | τ | block | GFLOPs / example | FLOPs rel | latency ms / batch | latency rel | "
+              "token sparsity | block sparsity (skipped) | accuracy [95% CI] | MCC | "
+              "Δacc vs λ=0 dense [95% CI] | p Holm |"), "|" + "---|" * 13]
     if dense:
         t = [r["test"] for r in dense]
         acc = stats.aggregate_seeds([x["accuracy"] for x in t],
