@@ -1,0 +1,94 @@
+"""A pruned causal LM against a shallower model trained the same way (what users try first).
+
+For each seed: perplexity of the sweep's control, of one sweep point (the pruned model) and of
+a shallower unpruned model (``lm --n-layer N``, fine-tuned the control's steps from its own
+base), the paired t-test over validation windows between the shallow and the pruned model,
+and t-intervals over seeds of each model's change against the control; then counted FLOPs and
+interleaved wall time at batch 8 over the validation windows of seed 0's models, 1 thread.
+
+    python scripts/lm_vs_shallow.py --sweep SWEEP --point "keep_ratios=[0.65,0.05]" \\
+        --shallow "SHALLOW_s{seed}" --seeds 0,1,2 [--windows 64] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from attnprune.bench.lm import load_run  # noqa: E402
+from attnprune.data.lm_text import eval_windows  # noqa: E402
+from attnprune.measure import count_flops  # noqa: E402
+
+
+def _ppl(run: Path) -> float:
+    methods = json.loads((run / "summary.json").read_text())["methods"]
+    return next(iter(methods.values()))["perplexity"]
+
+
+def _t_interval(x) -> tuple[float, float, float]:
+    x = np.asarray(x, float)
+    h = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+    return x.mean(), x.mean() - h, x.mean() + h
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sweep", required=True, type=Path)
+    ap.add_argument("--point", required=True, help="the sweep point's folder name without -sN")
+    ap.add_argument("--shallow", required=True, help="the shallow runs' folders, with {seed}")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--windows", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=7)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    seeds = [int(s) for s in a.seeds.split(",")]
+    d_shallow, d_pruned = [], []
+    for s in seeds:
+        ctl, pr, sh = a.sweep / f"control-s{s}", a.sweep / f"{a.point}-s{s}", Path(a.shallow.format(seed=s))
+        p = {"control": _ppl(ctl), "pruned": _ppl(pr), "shallow": _ppl(sh)}
+        ls, lp = np.load(sh / "val_loss_per_window.npy"), np.load(pr / "val_loss_per_window.npy")
+        t = stats.ttest_rel(ls, lp)
+        d_shallow.append(100 * (p["shallow"] / p["control"] - 1))
+        d_pruned.append(100 * (p["pruned"] / p["control"] - 1))
+        print(f"seed {s}: perplexity control {p['control']:.3f}, pruned {p['pruned']:.3f}, shallow "
+              f"{p['shallow']:.3f}; shallow − pruned {ls.mean() - lp.mean():+.4f} nats per window "
+              f"(paired t over {len(ls)} windows, p = {t.pvalue:.2g})")
+    for name, d in (("shallow", d_shallow), ("pruned", d_pruned)):
+        print("%-8s vs control: %+.1f %% [%+.1f, %+.1f] (t-interval over seeds)" % (name, *_t_interval(d)))
+    print("shallow − pruned: %+.1f pp [%+.1f, %+.1f]" % _t_interval(np.subtract(d_shallow, d_pruned)))
+    s0 = seeds[0]
+    models = {"full": load_run(a.sweep / f"control-s{s0}")[0],
+              "pruned": load_run(a.sweep / f"{a.point}-s{s0}")[0],
+              "shallow": load_run(Path(a.shallow.format(seed=s0)))[0]}
+    _, data, cfg = load_run(a.sweep / f"control-s{s0}")
+    x, _ = eval_windows(data.val, a.windows, cfg.context)
+    batches = x.split(8)
+    fns = {k: (lambda m=m: [m(b) for b in batches]) for k, m in models.items()}
+    with torch.no_grad():
+        flops = {k: count_flops(f) for k, f in fns.items()}
+        for f in fns.values():
+            f()
+        times = {k: [] for k in fns}
+        for _ in range(a.rounds):  # interleaved: one round times every model once
+            for k, f in fns.items():
+                t0 = time.perf_counter()
+                f()
+                times[k].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for k in fns:
+        print(f"{k:8s} FLOPs {flops[k] / flops['full']:.3f}  time {med[k] / med['full']:.3f} "
+              f"({1e3 * med[k]:.1f} ms for {len(x)} windows at batch 8, medians of {a.rounds})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
