@@ -24,9 +24,9 @@ import torch
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from attnprune.bench.lm import load_run  # noqa: E402
-from attnprune.data.lm_text import eval_windows  # noqa: E402
-from attnprune.measure import count_flops  # noqa: E402
+from attnprune.bench.lm import load_run
+from attnprune.data.lm_text import eval_windows
+from attnprune.measure import count_flops
 
 
 def _ppl(run: Path) -> float:
@@ -63,8 +63,10 @@ def main(argv=None) -> int:
               f"{p['shallow']:.3f}; shallow − pruned {ls.mean() - lp.mean():+.4f} nats per window "
               f"(paired t over {len(ls)} windows, p = {t.pvalue:.2g})")
     for name, d in (("shallow", d_shallow), ("pruned", d_pruned)):
-        print("%-8s vs control: %+.1f %% [%+.1f, %+.1f] (t-interval over seeds)" % (name, *_t_interval(d)))
-    print("shallow − pruned: %+.1f pp [%+.1f, %+.1f]" % _t_interval(np.subtract(d_shallow, d_pruned)))
+        m, lo, hi = _t_interval(d)
+        print(f"{name:8s} vs control: {m:+.1f} % [{lo:+.1f}, {hi:+.1f}] (t-interval over seeds)")
+    m, lo, hi = _t_interval(np.subtract(d_shallow, d_pruned))
+    print(f"shallow − pruned: {m:+.1f} pp [{lo:+.1f}, {hi:+.1f}]")
     s0 = seeds[0]
     models = {"full": load_run(a.sweep / f"control-s{s0}")[0],
               "pruned": load_run(a.sweep / f"{a.point}-s{s0}")[0],
