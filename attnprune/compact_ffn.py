@@ -30,6 +30,7 @@ import copy
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 
 import torch
 from torch import Tensor, nn
@@ -52,16 +53,7 @@ class FFNPair:
 
 
 def _get(root: nn.Module, dotted: str):
-    for part in dotted.split("."):
-        root = getattr(root, part)
-    return root
-
-
-def _set(root: nn.Module, dotted: str, value) -> None:
-    *head, last = dotted.split(".")
-    for part in head:
-        root = getattr(root, part)
-    setattr(root, last, value)
+    return attrgetter(dotted)(root)  # the activation may be a plain function, not a submodule
 
 
 def ffn_pairs(model: nn.Module) -> list[FFNPair]:
