@@ -261,8 +261,12 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
 
 # ----------------------------------------------------------------------------- evaluation
 def _loader(split, tokenizer, batch_size: int, max_length: int, shuffle: bool, seed: int,
-            limit: int | None):
-    """A torch DataLoader (so accelerate can shard it) tokenising on the fly, padding per batch."""
+            limit: int | None, group_by_length: bool = False):
+    """A torch DataLoader (so accelerate can shard it) tokenising on the fly, padding per batch.
+
+    ``group_by_length`` (training only): batches of similar token counts, transformers'
+    ``LengthGroupedSampler`` (the ``Trainer`` option of the same name: shuffled, then sorted
+    within mega-batches of 50 batches), so less of each batch is padding."""
     from torch.utils.data import DataLoader
 
     idx = np.arange(len(split))
@@ -278,6 +282,13 @@ def _loader(split, tokenizer, batch_size: int, max_length: int, shuffle: bool, s
                 "labels": torch.as_tensor(split.labels[rows])}
 
     g = torch.Generator().manual_seed(seed)
+    if group_by_length and shuffle:
+        from transformers.trainer_pt_utils import LengthGroupedSampler
+
+        lengths = [int(n) for n in tokenize(tokenizer, split, idx, max_length)["attention_mask"]
+                   .sum(1)]
+        sampler = LengthGroupedSampler(batch_size, lengths=lengths, generator=g)
+        return DataLoader(list(idx), batch_size=batch_size, sampler=sampler, collate_fn=collate)
     return DataLoader(list(idx), batch_size=batch_size, shuffle=shuffle, collate_fn=collate,
                       generator=g)
 

@@ -95,6 +95,16 @@ class SweepConfig:
     compact_criterion: str = "relu"  # relu: dead when z <= τ on every token; magnitude: |a| <= τ
     compact_fold: bool = True  # fold the dead units' mean contribution into the output bias
     compact_batches: int = 8  # calibration batches (eval_batch_size rows) from the train set
+    # training speed: batches of similar length (transformers' LengthGroupedSampler) and
+    # autocast through accelerate ("no" | "bf16" | "auto": bf16 on a CUDA GPU); evaluation
+    # always runs in fp32
+    group_by_length: bool = False
+    mixed_precision: str = "no"
+    # pruning after training (issue 13: does a crisp-trained model prune better?): the dense
+    # and every crisp model are also evaluated with attention_mass token pruning at each keep
+    # ratio, after layer ``prune_after_layer``, without retraining (crisp stays on underneath)
+    prune_after: tuple[float, ...] = ()
+    prune_after_layer: int = 2
     threads: int | None = None
     progress: bool = True
 
@@ -151,6 +161,18 @@ class SweepConfig:
                 raise ValueError(f"{name}: must be >= 1, got {v}")
         if self.lr <= 0:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
+        if not isinstance(self.group_by_length, bool):
+            raise ValueError(f"group_by_length: true or false, got {self.group_by_length!r}")  # noqa: TRY004 (config errors are ValueErrors)
+        if self.mixed_precision not in ("no", "bf16", "auto"):
+            raise ValueError(f"mixed_precision: 'no', 'bf16' or 'auto' (quote \"no\" in YAML), "
+                             f"got {self.mixed_precision!r}")
+        for r in self.prune_after:
+            if not (isinstance(r, (int, float)) and 0.0 < r < 1.0):
+                raise ValueError(f"prune_after: keep ratios in (0, 1), got {r!r}")
+        if len(set(self.prune_after)) != len(self.prune_after):
+            raise ValueError(f"prune_after: repeated value in {self.prune_after}")
+        if not (isinstance(self.prune_after_layer, int) and self.prune_after_layer >= 1):
+            raise ValueError(f"prune_after_layer: an integer >= 1, got {self.prune_after_layer!r}")
         if not self.seeds:
             raise ValueError("seeds: give at least one seed")
 
@@ -200,9 +222,11 @@ def run_one(cfg: SweepConfig, seed: int, label: str, method: str | None, options
     model, tok = load_model(cfg.model, data.n_classes)
     if method is not None:
         api.patch(model, method, **options)
-    train = _loader(data.train, tok, cfg.batch_size, cfg.max_length, True, seed, cfg.max_train)
+    train = _loader(data.train, tok, cfg.batch_size, cfg.max_length, True, seed, cfg.max_train,
+                    group_by_length=cfg.group_by_length)
     test = _loader(data.test, tok, cfg.eval_batch_size, cfg.max_length, False, 0, cfg.max_eval)
-    history = fit(model, train, epochs=cfg.epochs, lr=cfg.lr, progress=cfg.progress, desc=label)
+    history = fit(model, train, epochs=cfg.epochs, lr=cfg.lr, progress=cfg.progress, desc=label,
+                  mixed_precision=cfg.mixed_precision)
     ev = evaluate(model, test, reference=True, timing_batches=cfg.timing_batches,
                   timing_repeats=cfg.timing_repeats, progress=cfg.progress, desc=f"{label} test")
     results.save_predictions(label, seed, ev["y_true"], ev["y_pred"], ev["probs"])
@@ -218,6 +242,9 @@ def run_one(cfg: SweepConfig, seed: int, label: str, method: str | None, options
         scalars["layer_sparsity_setting"] = state.modules.layer_sparsity()
     record = {"label": label, "seed": seed, "method": method or DENSE, "options": options,
               "test": scalars, "analysis": an, "history": history}
+    if cfg.prune_after and method in (None, "crisp"):
+        record["pruned"] = prune_after_runs(cfg, model, test, label, seed, results,
+                                            scalars["flops"]["full_measured"])
     if cfg.sparse_ffn_thresholds and method in (None, "cost"):
         # cost is a loss: at inference the trained weights run stock (fused SDPA attention)
         api.unpatch(model)
@@ -233,6 +260,41 @@ def run_one(cfg: SweepConfig, seed: int, label: str, method: str | None, options
                                          scalars["flops"]["full_measured"])
     results.save_run(f"{label}__seed{seed}", record)
     return record
+
+
+PRUNE = "-prune"  # label suffix of a model evaluated with token pruning after training
+
+
+def prune_label(label: str, keep_ratio: float) -> str:
+    """Label of ``label``'s model evaluated with attention_mass pruning at ``keep_ratio``."""
+    return f"{label}{PRUNE}{keep_ratio:g}"
+
+
+def prune_after_runs(cfg: SweepConfig, model, test, label: str, seed: int,
+                     results: ResultsDir, dense_flops: int) -> dict:
+    """A copy of the trained ``model`` with ``attention_mass`` token pruning (keep ratio ρ
+    after layer ``prune_after_layer``, no retraining; stacked on crisp for a crisp model) at
+    every ρ of ``prune_after``: task metrics (predictions saved for the paired tests of the
+    pruning family), FLOPs over the test set relative to ``dense_flops`` (the same weights
+    unpruned on the same batches), kept-token ratio."""
+    import copy
+
+    from ..finetune import evaluate
+
+    out = {}
+    for rho in cfg.prune_after:
+        sub = prune_label(label, rho)
+        pruned = copy.deepcopy(model).eval()
+        api.patch(pruned, "attention_mass", keep_ratio=rho, after_layer=cfg.prune_after_layer,
+                  stack=api.patch_state(pruned) is not None)
+        ev = evaluate(pruned, test, full_flops=dense_flops, progress=cfg.progress,
+                      desc=f"{sub} test")
+        results.save_predictions(sub, seed, ev["y_true"], ev["y_pred"], ev["probs"])
+        out[f"{rho:g}"] = {"label": sub, "keep_ratio": rho, "after_layer": cfg.prune_after_layer,
+                           **{k: v for k, v in ev.items() if k not in ("y_true", "y_pred",
+                                                                        "probs")}}
+        del pruned
+    return out
 
 
 def sparse_label(label: str, threshold: float, block: int) -> str:
@@ -557,7 +619,8 @@ def _comparisons(cfg: SweepConfig, results: ResultsDir, load_predictions) -> lis
     preds = load_predictions(results.path / "predictions")
     out = []
     for seed in cfg.seeds:
-        group = {lab: by_seed[seed] for lab, by_seed in preds.items() if seed in by_seed}
+        group = {lab: by_seed[seed] for lab, by_seed in preds.items()
+                 if seed in by_seed and PRUNE not in lab}  # pruning: its own family
         if DENSE in group and len(group) > 1:
             for c in stats.compare_predictions(group, reference=DENSE, adjust=False):
                 c["seed"] = seed
