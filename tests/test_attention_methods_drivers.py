@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -177,3 +178,118 @@ def test_compact_runs_measure_and_summarise(tmp_path):
     table = format_compact_table(cfg, records, s, cmp)
     assert "| 0.001 | 0 |" in table and "| 0.03 |" in table
     assert table.count("\n| ") == 4  # header, dense, two compacted rows
+
+
+# ------------------------------------------------- crisp at full strength (issue 13)
+@pytest.mark.parametrize("key,value", [("prune_after", "[1.5]"), ("prune_after", "[0.5, 0.5]"),
+                                       ("prune_after_layer", "0"), ("mixed_precision", "fp8"),
+                                       ("group_by_length", "maybe")])
+def test_sweep_rejects_bad_prune_and_speed_options(key, value):
+    with pytest.raises((ValueError, ConfigError), match=key):
+        parse_command_line([f"--{key}", value], SweepConfig)
+
+
+def test_group_by_length_loader_pads_less_and_covers_every_row():
+    from attnprune.data.text import Split
+    from attnprune.finetune import _loader
+
+    class Tok:  # whitespace "tokenizer": one id per word, padded to the batch's longest
+        def __call__(self, texts, pairs, padding, truncation, max_length, return_tensors):
+            ids = [[1 + len(w) for w in t.split()][:max_length] for t in texts]
+            n = max(map(len, ids))
+            return {"input_ids": torch.tensor([x + [0] * (n - len(x)) for x in ids]),
+                    "attention_mask": torch.tensor([[1] * len(x) + [0] * (n - len(x))
+                                                    for x in ids])}
+
+    rng = np.random.default_rng(0)
+    texts = [" ".join(["w"] * int(k)) for k in rng.integers(1, 60, 400)]
+    split = Split(texts, np.arange(400) % 2, None)
+    pads = {}
+    for grouped in (False, True):
+        loader = _loader(split, Tok(), 8, 64, True, 0, None, group_by_length=grouped)
+        seen, padded, real = [], 0, 0
+        for b in loader:
+            seen += b["labels"].tolist()
+            padded += b["attention_mask"].numel()
+            real += int(b["attention_mask"].sum())
+        assert len(seen) == 400
+        pads[grouped] = padded / real
+    assert pads[True] < 1.1 < pads[False]
+
+
+def _tiny_bert():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    return BertForSequenceClassification(BertConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+        intermediate_size=64, num_labels=2)).eval()
+
+
+def test_prune_after_runs_stack_on_crisp_and_summarise(tmp_path):
+    import attnprune
+    from attnprune.compare import load_predictions
+    from attnprune.experiments.attention_sweeps import (
+        format_prune_table,
+        prune_after_runs,
+        prune_label,
+        prune_summary,
+    )
+    from attnprune.measure import count_flops
+    from attnprune.results import ResultsDir
+
+    cfg = SweepConfig(sparsities=(0.0, 0.8), schedules=("uniform",), seeds=(0, 1),
+                      prune_after=(0.5,), prune_after_layer=1, progress=False)
+    test = _tiny_loader()
+    results = ResultsDir(tmp_path)
+    records = {}
+    for label, method, options, _ in settings(cfg):
+        model = _tiny_bert()
+        if method:
+            attnprune.patch(model, method, **options)
+        before = attnprune.patch_state(model)
+        flops = sum(count_flops(lambda b=b, m=model: m(input_ids=b["input_ids"],
+                                                        attention_mask=b["attention_mask"]))
+                    for b in test)
+        for seed in cfg.seeds:
+            out = prune_after_runs(cfg, model, test, label, seed, results, flops)
+            r = out["0.5"]
+            assert r["label"] == prune_label(label, 0.5)
+            assert r["kept_ratio"] < 0.9 and r["flops"]["relative"] < 0.95
+            # the trained model is left as it was: a copy was pruned
+            assert attnprune.patch_state(model) is before
+            acc = 0.8 if label == DENSE else 0.7
+            records[(label, seed)] = {"seed": seed, "test": {"accuracy": acc},
+                                      "pruned": {"0.5": {**r, "accuracy": acc - 0.1 * (seed + 1)
+                                                         * (label == DENSE)}}}
+    assert (tmp_path / "predictions" / f"{prune_label('crisp-s0.8-uniform', 0.5)}__seed1.npz"
+            ).is_file()
+    s, cmp = prune_summary(cfg, records, results, load_predictions)
+    m = s[prune_label("crisp-s0.8-uniform", 0.5)]
+    assert m["drop_vs_unpruned"]["mean"] == pytest.approx(0.0)
+    assert m["drop_minus_dense_drop"]["per_seed"] == pytest.approx([0.1, 0.2])
+    assert m["delta_vs_dense_pruned"]["per_seed"] == pytest.approx([0.0, 0.1])
+    assert {c["seed"] for c in cmp} == {0, 1} and all(c["b"] == prune_label(DENSE, 0.5)
+                                                      for c in cmp)
+    table = format_prune_table(cfg, s, cmp)
+    assert table.count("\n| ") == 3 and "+0.1500 [" in table
+
+
+def test_multi_seed_table_lists_every_seed_and_needs_all_for_a_claim():
+    from attnprune.experiments.attention_sweeps import format_table
+
+    cfg = SweepConfig(sparsities=(0.0, 0.8), schedules=("uniform",), seeds=(0, 1, 2))
+    acc = {"mean": 0.8, "ci95": [0.79, 0.81]}
+    m = {"sparsity": 0.8, "schedule": "uniform", "lam": 0.0, "location": "-", "accuracy": acc,
+         "auc": None, "attention_sparsity": 0.8, "ffn_sparsity": 0.0, "entropy_bits": 1.0,
+         "gini": 0.5, "flops": {"relative": 1.0, "sparse_proxy_relative": 0.9},
+         "time": {"relative": 1.1}}
+    methods = {DENSE: {**m, "sparsity": 0.0}, "crisp-s0.8-uniform": m}
+    cmp = [{"a": "crisp-s0.8-uniform", "b": DENSE, "metric": "accuracy", "diff": d, "p": p,
+            "p_holm": p * 3, "ci95": [d - 0.01, d + 0.01], "seed": s}
+           for s, d, p in ((2, 0.012, 0.001), (0, 0.010, 0.001), (1, 0.011, 0.03))]
+    table = format_table(cfg, methods, cmp)
+    assert "+0.0110 [" in table and "| 0.001, 0.03, 0.001 | 0.003, 0.09, 0.003 |" in table
+    assert "(accuracy): none;" in table  # seed 1 is not significant after Holm
+    cmp[2]["p_holm"] = 0.01
+    assert "(accuracy): crisp-s0.8-uniform;" in format_table(cfg, methods, cmp)

@@ -521,9 +521,11 @@ def summarize(cfg: SweepConfig, records: dict, results: ResultsDir) -> dict:
     comparisons = _comparisons(cfg, results, load_predictions)
     sparse = sparse_summary(cfg, records, runs)
     compacted = compact_summary(cfg, records, runs)
+    pruned, prune_cmp = prune_summary(cfg, records, results, load_predictions)
     summary = {"command": f"attention sweep {cfg.sweep}", "env": env_info(),
                "config": to_dict(cfg), "methods": methods, "comparisons": comparisons,
                "sparse_ffn": sparse, "compact": compacted,
+               "pruned": pruned, "prune_comparisons": prune_cmp,
                "notes": {"dense": "s = 0 and λ = 0 are this run (they reproduce it to 1e-5)",
                          "flops": "measured FLOPs are of dense kernels; sparse_proxy_relative "
                                   "is an analytic bound, not realised"}}
@@ -531,6 +533,10 @@ def summarize(cfg: SweepConfig, records: dict, results: ResultsDir) -> dict:
     if rows:
         results.write_csv("metrics.csv", rows)
     results.write_text("table.md", format_table(cfg, methods, comparisons))
+    if methods:
+        results.write_text("table_entropy.md", format_entropy_table(methods))
+    if pruned:
+        results.write_text("table_prune.md", format_prune_table(cfg, pruned, prune_cmp))
     if sparse:
         results.write_text("table3.md", format_table3(cfg, records, sparse, comparisons))
     if compacted:
@@ -538,6 +544,85 @@ def summarize(cfg: SweepConfig, records: dict, results: ResultsDir) -> dict:
                            format_compact_table(cfg, records, compacted, comparisons))
     _figures(cfg, methods, results, plot_accuracy_vs)
     return summary
+
+
+def prune_summary(cfg: SweepConfig, records: dict, results: ResultsDir,
+                  load_predictions) -> tuple[dict, list[dict]]:
+    """Pruning after training: per (setting, ρ) the seeds' accuracy with attention_mass
+    pruning, kept tokens, FLOPs, the drop from the same model unpruned, Δ against the dense
+    model pruned at the same ρ, and the difference of the two drops (per seed, then mean and
+    t-interval over seeds); and the paired tests of every pruned model against the dense one
+    pruned at the same ρ (McNemar per seed, one Holm family of its own)."""
+    if not cfg.prune_after:
+        return {}, []
+    preds = load_predictions(results.path / "predictions")
+    comparisons = []
+    for seed in cfg.seeds:
+        for rho in cfg.prune_after:
+            ref = prune_label(DENSE, rho)
+            group = {prune_label(lab, rho): preds[prune_label(lab, rho)][seed]
+                     for lab, *_ in settings(cfg) if seed in preds.get(prune_label(lab, rho), {})}
+            if ref in group and len(group) > 1:
+                for c in stats.compare_predictions(group, reference=ref, adjust=False,
+                                                   metrics=("accuracy",)):
+                    comparisons.append({**c, "seed": seed, "keep_ratio": rho})
+    if comparisons:
+        stats.apply_decision_rule(comparisons)
+    agg = lambda xs: stats.aggregate_seeds(xs, [[x, x] for x in xs]) if xs else None
+    out = {}
+    for label, _, _, keys in settings(cfg):
+        recs = [records[(label, s)] for s in cfg.seeds
+                if (label, s) in records and records[(label, s)].get("pruned")]
+        for rho in cfg.prune_after:
+            k = f"{rho:g}"
+            rs = [r for r in recs if k in r["pruned"]]
+            if not rs:
+                continue
+            dense = {r["seed"]: records.get((DENSE, r["seed"])) for r in rs}
+            drop = [r["pruned"][k]["accuracy"] - r["test"]["accuracy"] for r in rs]
+            vs = [r["pruned"][k]["accuracy"] - dense[r["seed"]]["pruned"][k]["accuracy"]
+                  for r in rs if dense[r["seed"]] and k in dense[r["seed"]].get("pruned", {})]
+            dd = [(r["pruned"][k]["accuracy"] - r["test"]["accuracy"])
+                  - (dense[r["seed"]]["pruned"][k]["accuracy"] - dense[r["seed"]]["test"]["accuracy"])
+                  for r in rs if dense[r["seed"]] and k in dense[r["seed"]].get("pruned", {})]
+            xs = [r["pruned"][k] for r in rs]
+            out[prune_label(label, rho)] = {
+                **keys, "setting": label, "keep_ratio": rho, "after_layer": cfg.prune_after_layer,
+                "seeds": [r["seed"] for r in rs],
+                "accuracy": stats.aggregate_seeds(
+                    [x["accuracy"] for x in xs],
+                    [list(stats.wilson_ci(round(x["accuracy"] * x["n"]), x["n"])[:2]) for x in xs]),
+                "kept_ratio": float(np.mean([x["kept_ratio"] for x in xs])),
+                "flops_relative": float(np.mean([x["flops"]["relative"] for x in xs])),
+                "drop_vs_unpruned": agg(drop), "delta_vs_dense_pruned": agg(vs),
+                "drop_minus_dense_drop": agg(dd)}
+    return out, comparisons
+
+
+def format_prune_table(cfg: SweepConfig, pruned: dict, comparisons: list[dict]) -> str:
+    """Does a crisp-trained model prune better? One row per (setting, ρ)."""
+    by: dict = {}
+    for c in comparisons:
+        by.setdefault(c["a"], []).append(c)
+    ci = lambda a: "—" if a is None else _fmt_ci(a, "{:+.4f}")
+    lines = [(f"Seeds: {list(cfg.seeds)}. attention_mass token pruning after layer "
+              f"{cfg.prune_after_layer} at keep ratio ρ, applied after training, no retraining "
+              f"(crisp stays on underneath). drop: accuracy pruned minus the same model unpruned; "
+              f"Δ vs dense pruned: against the dense model pruned at the same ρ; drop − dense "
+              f"drop: the difference of the two drops (per seed, mean [t-interval over seeds]); "
+              f"p Holm: McNemar vs dense pruned at the same ρ per seed, in seed order, Holm over "
+              f"this table's family. kept tokens: share of real (unpadded) tokens the layers "
+              f"see, mean over layers; summary.json also has FLOPs, relative to the same model "
+              f"on the same padded batches (so they include the padding that pruning drops)."), "",
+             ("| setting | ρ | kept tokens | accuracy pruned [95% CI] | drop vs "
+              "unpruned | Δ vs dense pruned | p Holm | drop − dense drop |"), "|" + "---|" * 8]
+    for sub, m in pruned.items():
+        _, _, ph = _across(by.get(sub, []))
+        lines.append(f"| {m['setting']} | {m['keep_ratio']:g} | {m['kept_ratio']:.3f} | "
+                     f"{_fmt_ci(m['accuracy'])} | "
+                     f"{ci(m['drop_vs_unpruned'])} | {ci(m['delta_vs_dense_pruned'])} | {ph} | "
+                     f"{ci(m['drop_minus_dense_drop'])} |")
+    return "\n".join(lines) + "\n"
 
 
 def sparse_summary(cfg: SweepConfig, records: dict, runs: list) -> dict:
@@ -630,45 +715,80 @@ def _comparisons(cfg: SweepConfig, results: ResultsDir, load_predictions) -> lis
     return out
 
 
+def _fmt_ci(a: dict, f: str = "{:.4f}") -> str:
+    return f"{f.format(a['mean'])} [{f.format(a['ci95'][0])}, {f.format(a['ci95'][1])}]"
+
+
+def _across(cs: list[dict]) -> tuple[str, str, str]:
+    """Δ, p and p Holm cells from one label's per-seed comparisons: one seed as it is; several:
+    the mean Δ with a t-interval over seeds, and every seed's p in seed order."""
+    if not cs:
+        return "—", "—", "—"
+    if len(cs) == 1:
+        c = cs[0]
+        ph = f"{c['p_holm']:.3g}" if c.get("p_holm") is not None else "—"
+        return f"{c['diff']:+.4f} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]", f"{c['p']:.3g}", ph
+    cs = sorted(cs, key=lambda c: c["seed"])
+    d = stats.aggregate_seeds([c["diff"] for c in cs])
+    ps = ", ".join(f"{c['p']:.2g}" for c in cs)
+    phs = ", ".join(f"{c['p_holm']:.2g}" if c.get("p_holm") is not None else "—" for c in cs)
+    return _fmt_ci(d, "{:+.4f}"), ps, phs
+
+
+def _significant(cs: list[dict], sign: int) -> bool:
+    """Every seed's Holm-adjusted p < 0.05 with Δ of the given sign."""
+    return bool(cs) and all(c.get("p_holm") is not None and c["p_holm"] < 0.05
+                            and sign * c["diff"] > 0 for c in cs)
+
+
 def format_table(cfg: SweepConfig, methods: dict, comparisons: list[dict]) -> str:
-    """Markdown table in the papers' layout, with 95 % CIs and Holm-adjusted McNemar p."""
-    acc_cmp = {c["a"]: c for c in comparisons if c["metric"] == "accuracy"}
-    auc_cmp = {c["a"]: c for c in comparisons if c["metric"] == "auc"}
+    """Markdown table in the papers' layout, with 95 % CIs and Holm-adjusted McNemar p; with
+    several seeds Δ is the mean with a t-interval over seeds, and p / p Holm list every seed's
+    (McNemar per seed, Holm over the whole sweep: all settings × seeds × metrics)."""
+    acc_cmp: dict = {}
+    auc_cmp: dict = {}
+    for c in comparisons:
+        {"accuracy": acc_cmp, "auc": auc_cmp}.get(c["metric"], {}).setdefault(c["a"], []).append(c)
+    n_seeds = len(cfg.seeds)
+    lines = []
+    if n_seeds > 1:
+        lines += [(f"Seeds: {list(cfg.seeds)}. accuracy and AUC: mean [95% t-interval over "
+                   f"seeds]; Δ vs dense: per seed on the same test rows, mean [t-interval over "
+                   f"seeds]; p and p Holm: McNemar (accuracy) / DeLong (AUC) per seed, in seed "
+                   f"order, Holm over the whole sweep (settings × seeds × metrics)."), ""]
     head = ("| setting | s | schedule | λ | location | accuracy [95% CI] | Δ vs dense [95% CI] | "
             "p (McNemar) | p Holm | AUC | ΔAUC [95% CI] | p Holm (DeLong) | attn sparsity | FFN sparsity | entropy (bits) | Gini | "
             "FLOPs rel (measured) | FLOPs rel (sparse proxy) | latency rel |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for label, m in methods.items():
-        a = m["accuracy"]
-        c = acc_cmp.get(label)
-        delta = (f"{c['diff']:+.4f} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]" if c else "—")
-        p = f"{c['p']:.3g}" if c else "—"
-        ph = f"{c['p_holm']:.3g}" if c and c.get("p_holm") is not None else "—"
-        u = auc_cmp.get(label)
+        delta, p, ph = _across(acc_cmp.get(label, []))
+        dauc, _, pauc = _across(auc_cmp.get(label, []))
         auc = f"{m['auc']['mean']:.4f}" if m.get("auc") else "—"
-        dauc = (f"{u['diff']:+.4f} [{u['ci95'][0]:+.4f}, {u['ci95'][1]:+.4f}]" if u else "—")
-        pauc = f"{u['p_holm']:.3g}" if u and u.get("p_holm") is not None else "—"
         lines.append(
             f"| {label} | {m['sparsity']:g} | {m['schedule']} | {m['lam']:g} | {m['location']} | "
-            f"{a['mean']:.4f} "
-            f"[{a['ci95'][0]:.4f}, {a['ci95'][1]:.4f}] | {delta} | {p} | {ph} | {auc} | {dauc} | {pauc} | "
+            f"{_fmt_ci(m['accuracy'])} | {delta} | {p} | {ph} | {auc} | {dauc} | {pauc} | "
             f"{m['attention_sparsity']:.3f} | {m['ffn_sparsity']:.3f} | {m['entropy_bits']:.3f} | "
             f"{m['gini']:.3f} | {m['flops']['relative']:.4f} | "
             f"{m['flops']['sparse_proxy_relative']:.3f} | {m['time']['relative']:.3f} |")
-    better = [lab for lab, c in acc_cmp.items() if c.get("p_holm") is not None
-              and c["p_holm"] < 0.05 and c["diff"] > 0]
-    worse = [lab for lab, c in acc_cmp.items() if c.get("p_holm") is not None
-             and c["p_holm"] < 0.05 and c["diff"] < 0]
-    auc_better = [lab for lab, c in auc_cmp.items() if c.get("p_holm") is not None
-                  and c["p_holm"] < 0.05 and c["diff"] > 0]
-    auc_worse = [lab for lab, c in auc_cmp.items() if c.get("p_holm") is not None
-                 and c["p_holm"] < 0.05 and c["diff"] < 0]
+    every = " in every seed" if n_seeds > 1 else ""
     lines.append("")
-    lines.append(f"Significantly better than dense after Holm (accuracy): "
-                 f"{', '.join(better) or 'none'}; significantly worse: {', '.join(worse) or 'none'}.")
-    lines.append(f"Significantly better than dense after Holm (AUC): "
-                 f"{', '.join(auc_better) or 'none'}; significantly worse: "
-                 f"{', '.join(auc_worse) or 'none'}.")
+    for name, cmp in (("accuracy", acc_cmp), ("AUC", auc_cmp)):
+        better = [lab for lab, cs in cmp.items() if _significant(cs, 1)]
+        worse = [lab for lab, cs in cmp.items() if _significant(cs, -1)]
+        lines.append(f"Significantly better than dense after Holm{every} ({name}): "
+                     f"{', '.join(better) or 'none'}; significantly worse: "
+                     f"{', '.join(worse) or 'none'}.")
+    return "\n".join(lines) + "\n"
+
+
+def format_entropy_table(methods: dict) -> str:
+    """Attention entropy (bits) per layer of every setting, mean over seeds."""
+    n = max((len(m["entropy_bits_by_layer"]) for m in methods.values()), default=0)
+    lines = ["| setting | " + " | ".join(f"layer {i + 1}" for i in range(n)) + " | mean |",
+             "|" + "---|" * (n + 2)]
+    for label, m in methods.items():
+        lines.append(f"| {label} | " + " | ".join(f"{v:.3f}" for v in m["entropy_bits_by_layer"])
+                     + f" | {m['entropy_bits']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
