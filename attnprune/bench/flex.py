@@ -107,6 +107,11 @@ def random_tiles(heads: int, n: int, density: float, gen: torch.Generator) -> to
     return table
 
 
+# every length, mask kind and "no mask" is one more compiled variant of flex_attention; past
+# dynamo's default limit of 8 it would fall back to an unfused eager path and time that instead
+_COMPILE = {"recompile_limit": 64, "fail_on_recompile_limit_hit": True}
+
+
 def _flex():
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -155,6 +160,7 @@ def _ratios(cfg, fns: dict) -> dict:
                                  float(np.percentile(ratios[name], 75))]} for name in fns}
 
 
+@torch._dynamo.config.patch(**_COMPILE)
 def kernel_part(cfg: BenchFlexConfig, progress) -> list[dict]:
     """Part A: the kernel at every length (see the module docstring)."""
     flex, create_block_mask = _flex()
@@ -223,6 +229,7 @@ def real_attention(cfg: BenchFlexConfig) -> torch.Tensor:
     return torch.stack(out)
 
 
+@torch._dynamo.config.patch(**_COMPILE)
 def real_part(cfg: BenchFlexConfig, progress) -> tuple[list[dict], list[dict]]:
     """Part B: tile densities of crisp's masks on real attention, and the kernel at L = 512
     with those masks (window 0, every layer)."""
@@ -262,10 +269,14 @@ def real_part(cfg: BenchFlexConfig, progress) -> tuple[list[dict], list[dict]]:
 
 
 def run(cfg: BenchFlexConfig, progress=print) -> dict:
+    import warnings
+
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    kernel = kernel_part(cfg, progress)
-    dens, real_kernel = ([], []) if cfg.model == "none" else real_part(cfg, progress)
+    with warnings.catch_warnings():  # an unfused fallback would time the wrong kernel: fail
+        warnings.filterwarnings("error", message="flex_attention called without torch.compile")
+        kernel = kernel_part(cfg, progress)
+        dens, real_kernel = ([], []) if cfg.model == "none" else real_part(cfg, progress)
     return {"command": "bench flex", "env": env_info(), "config": to_dict(cfg),
             "kernel": kernel, "real_masks": dens, "real_kernel": real_kernel}
 
