@@ -24,8 +24,10 @@ import torch
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from attnprune import quantize_int8
 from attnprune.bench.lm import load_run
 from attnprune.data.lm_text import eval_windows
+from attnprune.lm import evaluate
 from attnprune.measure import count_flops
 
 
@@ -48,10 +50,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--windows", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--int8", action="store_true", help="also the control in dynamic int8")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     seeds = [int(s) for s in a.seeds.split(",")]
-    d_shallow, d_pruned = [], []
+    d_shallow, d_pruned, d_int8 = [], [], []
     for s in seeds:
         ctl, pr, sh = a.sweep / f"control-s{s}", a.sweep / f"{a.point}-s{s}", Path(a.shallow.format(seed=s))
         p = {"control": _ppl(ctl), "pruned": _ppl(pr), "shallow": _ppl(sh)}
@@ -62,21 +65,37 @@ def main(argv=None) -> int:
         print(f"seed {s}: perplexity control {p['control']:.3f}, pruned {p['pruned']:.3f}, shallow "
               f"{p['shallow']:.3f}; shallow − pruned {ls.mean() - lp.mean():+.4f} nats per window "
               f"(paired t over {len(ls)} windows, p = {t.pvalue:.2g})")
-    for name, d in (("shallow", d_shallow), ("pruned", d_pruned)):
+        if a.int8:
+            model, data, cfg = load_run(ctl)
+            x, y = eval_windows(data.val, cfg.eval_windows, cfg.context)
+            with torch.no_grad():
+                ev = evaluate(quantize_int8(model), x, y)
+            li = np.asarray(ev["per_window"])
+            ti = stats.ttest_rel(li, lp)
+            d_int8.append(100 * (ev["perplexity"] / p["control"] - 1))
+            print(f"seed {s}: int8 control perplexity {ev['perplexity']:.3f}; int8 − pruned "
+                  f"{li.mean() - lp.mean():+.4f} nats per window (paired t, p = {ti.pvalue:.2g})")
+    named = [("shallow", d_shallow), ("pruned", d_pruned)] + ([("int8", d_int8)] if a.int8 else [])
+    for name, d in named:
         m, lo, hi = _t_interval(d)
         print(f"{name:8s} vs control: {m:+.1f} % [{lo:+.1f}, {hi:+.1f}] (t-interval over seeds)")
     m, lo, hi = _t_interval(np.subtract(d_shallow, d_pruned))
     print(f"shallow − pruned: {m:+.1f} pp [{lo:+.1f}, {hi:+.1f}]")
+    if a.int8:
+        m, lo, hi = _t_interval(np.subtract(d_int8, d_pruned))
+        print(f"int8 − pruned: {m:+.1f} pp [{lo:+.1f}, {hi:+.1f}]")
     s0 = seeds[0]
     models = {"full": load_run(a.sweep / f"control-s{s0}")[0],
               "pruned": load_run(a.sweep / f"{a.point}-s{s0}")[0],
               "shallow": load_run(Path(a.shallow.format(seed=s0)))[0]}
+    if a.int8:
+        models["int8"] = quantize_int8(models["full"])
     _, data, cfg = load_run(a.sweep / f"control-s{s0}")
     x, _ = eval_windows(data.val, a.windows, cfg.context)
     batches = x.split(8)
     fns = {k: (lambda m=m: [m(b) for b in batches]) for k, m in models.items()}
     with torch.no_grad():
-        flops = {k: count_flops(f) for k, f in fns.items()}
+        flops = {k: count_flops(f) for k, f in fns.items() if k != "int8"}
         for f in fns.values():
             f()
         times = {k: [] for k in fns}
@@ -87,7 +106,8 @@ def main(argv=None) -> int:
                 times[k].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
     for k in fns:
-        print(f"{k:8s} FLOPs {flops[k] / flops['full']:.3f}  time {med[k] / med['full']:.3f} "
+        fl = f"{flops[k] / flops['full']:.3f}" if k in flops else "  —  "
+        print(f"{k:8s} FLOPs {fl}  time {med[k] / med['full']:.3f} "
               f"({1e3 * med[k]:.1f} ms for {len(x)} windows at batch 8, medians of {a.rounds})")
     return 0
 
