@@ -46,25 +46,33 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", required=True, type=Path)
     ap.add_argument("--point", required=True, help="the sweep point's folder name without -sN")
-    ap.add_argument("--shallow", required=True, help="the shallow runs' folders, with {seed}")
+    ap.add_argument("--shallow", default="", help="the shallow runs' folders, with {seed} "
+                    "(leave out to compare with int8 only)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--windows", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--int8", action="store_true", help="also the control in dynamic int8")
     a = ap.parse_args(argv)
+    if not a.shallow and not a.int8:
+        ap.error("give --shallow, --int8 or both")
     torch.set_num_threads(1)
     seeds = [int(s) for s in a.seeds.split(",")]
-    d_shallow, d_pruned, d_int8 = [], [], []
+    d_shallow, d_pruned, d_int8, d_both = [], [], [], []
     for s in seeds:
-        ctl, pr, sh = a.sweep / f"control-s{s}", a.sweep / f"{a.point}-s{s}", Path(a.shallow.format(seed=s))
-        p = {"control": _ppl(ctl), "pruned": _ppl(pr), "shallow": _ppl(sh)}
-        ls, lp = np.load(sh / "val_loss_per_window.npy"), np.load(pr / "val_loss_per_window.npy")
-        t = stats.ttest_rel(ls, lp)
-        d_shallow.append(100 * (p["shallow"] / p["control"] - 1))
+        ctl, pr = a.sweep / f"control-s{s}", a.sweep / f"{a.point}-s{s}"
+        p = {"control": _ppl(ctl), "pruned": _ppl(pr)}
+        lp = np.load(pr / "val_loss_per_window.npy")
         d_pruned.append(100 * (p["pruned"] / p["control"] - 1))
-        print(f"seed {s}: perplexity control {p['control']:.3f}, pruned {p['pruned']:.3f}, shallow "
-              f"{p['shallow']:.3f}; shallow − pruned {ls.mean() - lp.mean():+.4f} nats per window "
-              f"(paired t over {len(ls)} windows, p = {t.pvalue:.2g})")
+        print(f"seed {s}: perplexity control {p['control']:.3f}, pruned {p['pruned']:.3f}")
+        if a.shallow:
+            sh = Path(a.shallow.format(seed=s))
+            p["shallow"] = _ppl(sh)
+            ls = np.load(sh / "val_loss_per_window.npy")
+            t = stats.ttest_rel(ls, lp)
+            d_shallow.append(100 * (p["shallow"] / p["control"] - 1))
+            print(f"seed {s}: perplexity shallow {p['shallow']:.3f}; shallow − pruned "
+                  f"{ls.mean() - lp.mean():+.4f} nats per window (paired t over {len(ls)} "
+                  f"windows, p = {t.pvalue:.2g})")
         if a.int8:
             model, data, cfg = load_run(ctl)
             x, y = eval_windows(data.val, cfg.eval_windows, cfg.context)
@@ -75,27 +83,38 @@ def main(argv=None) -> int:
             d_int8.append(100 * (ev["perplexity"] / p["control"] - 1))
             print(f"seed {s}: int8 control perplexity {ev['perplexity']:.3f}; int8 − pruned "
                   f"{li.mean() - lp.mean():+.4f} nats per window (paired t, p = {ti.pvalue:.2g})")
-    named = [("shallow", d_shallow), ("pruned", d_pruned)] + ([("int8", d_int8)] if a.int8 else [])
+            with torch.no_grad():
+                eb = evaluate(quantize_int8(load_run(pr)[0]), x, y)
+            lb = np.asarray(eb["per_window"])
+            tb = stats.ttest_rel(lb, li)
+            d_both.append(100 * (eb["perplexity"] / p["control"] - 1))
+            print(f"seed {s}: pruned+int8 perplexity {eb['perplexity']:.3f}; pruned+int8 − int8 "
+                  f"{lb.mean() - li.mean():+.4f} nats per window (paired t, p = {tb.pvalue:.2g})")
+    named = (([("shallow", d_shallow)] if a.shallow else []) + [("pruned", d_pruned)]
+             + ([("int8", d_int8), ("pruned+int8", d_both)] if a.int8 else []))
     for name, d in named:
         m, lo, hi = _t_interval(d)
-        print(f"{name:8s} vs control: {m:+.1f} % [{lo:+.1f}, {hi:+.1f}] (t-interval over seeds)")
-    m, lo, hi = _t_interval(np.subtract(d_shallow, d_pruned))
-    print(f"shallow − pruned: {m:+.1f} pp [{lo:+.1f}, {hi:+.1f}]")
+        print(f"{name:11s} vs control: {m:+.1f} % [{lo:+.1f}, {hi:+.1f}] (t-interval over seeds)")
+    if a.shallow:
+        m, lo, hi = _t_interval(np.subtract(d_shallow, d_pruned))
+        print(f"shallow − pruned: {m:+.1f} pp [{lo:+.1f}, {hi:+.1f}]")
     if a.int8:
         m, lo, hi = _t_interval(np.subtract(d_int8, d_pruned))
         print(f"int8 − pruned: {m:+.1f} pp [{lo:+.1f}, {hi:+.1f}]")
     s0 = seeds[0]
     models = {"full": load_run(a.sweep / f"control-s{s0}")[0],
-              "pruned": load_run(a.sweep / f"{a.point}-s{s0}")[0],
-              "shallow": load_run(Path(a.shallow.format(seed=s0)))[0]}
+              "pruned": load_run(a.sweep / f"{a.point}-s{s0}")[0]}
+    if a.shallow:
+        models["shallow"] = load_run(Path(a.shallow.format(seed=s0)))[0]
     if a.int8:
         models["int8"] = quantize_int8(models["full"])
+        models["pruned+int8"] = quantize_int8(models["pruned"])
     _, data, cfg = load_run(a.sweep / f"control-s{s0}")
     x, _ = eval_windows(data.val, a.windows, cfg.context)
     batches = x.split(8)
     fns = {k: (lambda m=m: [m(b) for b in batches]) for k, m in models.items()}
     with torch.no_grad():
-        flops = {k: count_flops(f) for k, f in fns.items() if k != "int8"}
+        flops = {k: count_flops(f) for k, f in fns.items() if "int8" not in k}
         for f in fns.values():
             f()
         times = {k: [] for k in fns}
@@ -107,7 +126,7 @@ def main(argv=None) -> int:
     med = {k: statistics.median(v) for k, v in times.items()}
     for k in fns:
         fl = f"{flops[k] / flops['full']:.3f}" if k in flops else "  —  "
-        print(f"{k:8s} FLOPs {fl}  time {med[k] / med['full']:.3f} "
+        print(f"{k:11s} FLOPs {fl}  time {med[k] / med['full']:.3f} "
               f"({1e3 * med[k]:.1f} ms for {len(x)} windows at batch 8, medians of {a.rounds})")
     return 0
 
