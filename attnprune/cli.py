@@ -20,6 +20,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
                                  "the entropy-pruning paper's synthetic track, trained for real"),
     ("reproduce", "attention"): ("attnprune.experiments.attention_sweeps:main",
                                  "crisp sparsity and compute-cost λ sweeps vs dense (MiniLM, tweets)"),
+    ("reproduce", "budget"): ("attnprune.experiments.token_budget:main",
+                              "the cost paper's Tables 1-2: accuracy, FLOPs, Gini, entropy vs k"),
     ("reproduce", "intensity"): ("attnprune.experiments.intensity_runs:main",
                                  "the intensity paper's Runs 0–4 on shakespeare_char, seeds, Holm"),
     ("finetune",): ("attnprune.finetune:main", "fine-tune and evaluate an HF encoder with a method"),
