@@ -293,3 +293,16 @@ def test_multi_seed_table_lists_every_seed_and_needs_all_for_a_claim():
     assert "(accuracy): none;" in table  # seed 1 is not significant after Holm
     cmp[2]["p_holm"] = 0.01
     assert "(accuracy): crisp-s0.8-uniform;" in format_table(cfg, methods, cmp)
+
+
+def test_tabulate_only_trains_nothing(tmp_path, capsys):
+    from attnprune.experiments.attention_sweeps import run
+    from attnprune.results import ResultsDir
+
+    (tmp_path / "predictions").mkdir()
+    cfg = SweepConfig(sparsities=(0.0, 0.8), schedules=("uniform",), seeds=(0,),
+                      prune_after=(0.5,), tabulate_only=True, progress=False)
+    with pytest.raises(ValueError, match="tabulate_only: no finished run"):
+        run(cfg, ResultsDir(tmp_path))
+    assert not list(tmp_path.glob("runs/*.json"))
+    assert "missing crisp-s0.8-uniform__seed0" in capsys.readouterr().out

@@ -48,7 +48,8 @@ attention entropy per layer.
 
 Writes ``config.yaml``, ``summary.json`` (``methods`` + ``comparisons`` + ``sparse_ffn``),
 ``metrics.csv``, ``table.md``, ``table3.md`` (with the sparse FFN) (the papers' table layout with CIs and Holm-adjusted p), ``predictions/``,
-figures; a rerun with the same ``--out`` skips finished settings.
+figures; a rerun with the same ``--out`` skips finished settings (``--tabulate-only true``:
+only the tables and figures, from the runs finished so far).
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ class SweepConfig:
     prune_after_layer: int = 2
     threads: int | None = None
     progress: bool = True
+    tabulate_only: bool = False  # no training: tables from the runs already in --out
 
     def __post_init__(self) -> None:
         if self.sweep not in SWEEPS:
@@ -831,7 +833,7 @@ def run(cfg: SweepConfig, results: ResultsDir) -> dict:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    data = load_text_data(cfg.data)
+    data = None if cfg.tabulate_only else load_text_data(cfg.data)
     records = {}
     for seed in cfg.seeds:
         for label, method, options, _ in settings(cfg):
@@ -840,8 +842,13 @@ def run(cfg: SweepConfig, results: ResultsDir) -> dict:
                 records[(label, seed)] = results.load_run(key)
                 print(f"skip {key}: finished earlier")
                 continue
+            if cfg.tabulate_only:
+                print(f"missing {key} (tabulate_only: not trained)")
+                continue
             records[(label, seed)] = run_one(cfg, seed, label, method, options, data, results)
             summarize(cfg, records, results)  # partial results readable while the sweep runs
+    if not records:
+        raise ValueError(f"tabulate_only: no finished run of this sweep in {results.path}")
     return summarize(cfg, records, results)
 
 
