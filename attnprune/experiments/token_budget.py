@@ -205,7 +205,11 @@ def summarize(cfg: BudgetConfig, records: dict, results: ResultsDir) -> dict:
                 group, reference=FULL, adjust=False, metrics=("accuracy",))]
     if cmp:
         stats.apply_decision_rule(cmp)
-    agg = lambda xs: stats.aggregate_seeds(xs, [[x, x] for x in xs])
+    def acc(entries):  # one seed: its Wilson interval; several: the t-interval over seeds
+        return stats.aggregate_seeds(
+            [e["accuracy"] for e in entries],
+            [list(stats.wilson_ci(round(e["accuracy"] * e["n"]), e["n"])[:2]) for e in entries])
+
     n_layers = len(records[seeds[0]][FULL]["attention"]["gini_by_layer"])
     after = list(range(cfg.after_layer, n_layers))  # layers that see the kept tokens only
 
@@ -221,7 +225,7 @@ def summarize(cfg: BudgetConfig, records: dict, results: ResultsDir) -> dict:
 
     fulls = [records[s][FULL] for s in seeds]
     rows = [{"label": FULL, "k": cfg.max_length, "keep_ratio": 1.0,
-             "accuracy": agg([f["accuracy"] for f in fulls]),
+             "accuracy": acc(fulls),
              "gflops_per_example": float(np.mean([f["flops"]["measured"] / f["n"] / 1e9
                                                   for f in fulls])),
              "flops_relative": 1.0, "time_relative": 1.0, **attn(fulls)}]
@@ -229,8 +233,10 @@ def summarize(cfg: BudgetConfig, records: dict, results: ResultsDir) -> dict:
         es = [records[s]["budgets"][str(k)] for s in seeds]
         cs = sorted((c for c in cmp if c["a"] == budget_label(k)), key=lambda c: c["seed"])
         rows.append({"label": budget_label(k), "k": k, "keep_ratio": k / cfg.max_length,
-                     "accuracy": agg([e["accuracy"] for e in es]),
-                     "delta": agg([e["accuracy"] - f["accuracy"] for e, f in zip(es, fulls)]),
+                     "accuracy": acc(es),
+                     # one seed: the paired bootstrap interval of its McNemar comparison
+                     "delta": stats.aggregate_seeds([c["diff"] for c in cs],
+                                                    [c["ci95"] for c in cs]),
                      "p_holm": [c["p_holm"] for c in cs],
                      "gflops_per_example": float(np.mean([e["flops"]["measured"] / e["n"] / 1e9
                                                           for e in es])),
@@ -249,7 +255,8 @@ def summarize(cfg: BudgetConfig, records: dict, results: ResultsDir) -> dict:
 def format_table1(cfg: BudgetConfig, rows: list[dict], seeds: list[int]) -> str:
     lines = [(f"Seeds {seeds}; {cfg.data}, every row {cfg.max_length} tokens; attention_mass "
               f"after layer {cfg.after_layer}, no retraining. Accuracy: mean [t-interval over "
-              f"seeds]; Δ: per seed on the same test rows, mean [t-interval]; p Holm: McNemar "
+              f"seeds; one seed: Wilson]; Δ: per seed on the same test rows, mean [t-interval; "
+              f"one seed: paired bootstrap]; p Holm: McNemar "
               f"per seed (in seed order), Holm over the table. FLOPs counted over the test set; "
               f"time relative to the full model, interleaved."), "",
              "| budget k | ρ | accuracy | Δ vs full | p Holm | GFLOPs / example | FLOPs rel | time rel |",
