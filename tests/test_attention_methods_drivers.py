@@ -176,7 +176,7 @@ def test_compact_runs_measure_and_summarise(tmp_path):
     cmp = [{"a": lam["label"], "b": DENSE, "metric": "accuracy", "diff": -0.1, "p": 0.01,
             "p_holm": 0.03, "ci95": [-0.2, 0.0]}]
     table = format_compact_table(cfg, records, s, cmp)
-    assert "| 0.001 | 0 |" in table and "| 0.03 |" in table
+    assert "| 0.001 | both | 0 |" in table and "| 0.03 |" in table
     assert table.count("\n| ") == 4  # header, dense, two compacted rows
 
 

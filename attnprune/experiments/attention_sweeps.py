@@ -461,15 +461,15 @@ def format_compact_table(cfg: SweepConfig, records: dict, compact: dict,
             f"relative to the same weights uncompacted; {cfg.threads or 'default'} thread(s). "
             f"p Holm: McNemar vs λ = 0 dense per seed, Holm over the sweep; the largest over "
             f"seeds.")
-    cols = ("| λ | τ | units removed | FLOPs rel (same weights) | FLOPs rel (λ=0) | "
+    cols = ("| λ | location | τ | units removed | FLOPs rel (same weights) | FLOPs rel (λ=0) | "
             "latency rel | accuracy | MCC | Δacc vs λ=0 | p Holm (max over seeds) |")
-    lines = [head, "", cols, "|" + "---|" * 10]
+    lines = [head, "", cols, "|" + "---|" * 11]
     dense = [records[(DENSE, s)]["test"] for s in cfg.seeds if (DENSE, s) in records]
     if dense:
         acc = stats.aggregate_seeds([x["accuracy"] for x in dense],
                                     [list(stats.wilson_ci(round(x["accuracy"] * x["n"]),
                                                           x["n"])[:2]) for x in dense])
-        lines.append(f"| 0 (dense) | — | 0 | 1.000 | 1.000 | 1.000 | {ci(acc)} | "
+        lines.append(f"| 0 (dense) | — | — | 0 | 1.000 | 1.000 | 1.000 | {ci(acc)} | "
                      f"{np.mean([x['mcc'] for x in dense]):.3f} | — | — |")
     for sub, m in compact.items():
         cs = by_label.get(sub, [])
@@ -478,7 +478,7 @@ def format_compact_table(cfg: SweepConfig, records: dict, compact: dict,
         d = m["delta_accuracy_vs_lam0"]
         r = m["removed_fraction"]
         lines.append(
-            f"| {m['lam']:g} | {m['threshold']:g} | {r['mean'] * 100:.1f}% "
+            f"| {m['lam']:g} | {m['location']} | {m['threshold']:g} | {r['mean'] * 100:.1f}% "
             f"[{r['ci95'][0] * 100:.1f}, {r['ci95'][1] * 100:.1f}] | {m['flops_relative']:.3f} | "
             f"{m['flops_relative_to_lam0'] if m['flops_relative_to_lam0'] is None else format(m['flops_relative_to_lam0'], '.3f')} | "
             f"{ci(m['time_relative'], '{:.3f}')} | {ci(m['accuracy'])} | {m['mcc']:.3f} | "
