@@ -22,8 +22,8 @@ import yaml
 
 T = TypeVar("T")
 
-__all__ = ["CommandLine", "ConfigError", "dump_yaml", "load_config", "parse_command_line",
-           "parse_overrides", "read_yaml", "to_dict"]
+__all__ = ["CommandLine", "ConfigError", "check_training_fields", "dump_yaml", "load_config",
+           "parse_command_line", "parse_overrides", "read_yaml", "to_dict"]
 
 
 class ConfigError(ValueError):
@@ -158,6 +158,24 @@ def load_config(cls: type[T], path: str | os.PathLike | None = None,
         raise
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from None
+
+
+def check_training_fields(cfg: Any) -> None:
+    """The range checks every fine-tuning experiment config shares: ``max_train``,
+    ``max_eval`` and ``threads`` (None or >= 1), ``lr`` (> 0), ``mixed_precision`` (if the
+    config has it) and ``seeds`` (at least one). Call from ``__post_init__``."""
+    for name in ("max_train", "max_eval", "threads"):
+        v = getattr(cfg, name)
+        if v is not None and v < 1:
+            raise ValueError(f"{name}: must be >= 1, got {v}")
+    if cfg.lr <= 0:
+        raise ValueError(f"lr: must be > 0, got {cfg.lr}")
+    mp = getattr(cfg, "mixed_precision", "no")
+    if mp not in ("no", "bf16", "auto"):
+        raise ValueError(f"mixed_precision: 'no', 'bf16' or 'auto' (quote \"no\" in YAML), "
+                         f"got {mp!r}")
+    if not cfg.seeds:
+        raise ValueError("seeds: give at least one seed")
 
 
 def to_dict(cfg: Any) -> dict:

@@ -92,6 +92,12 @@ def fmt(x: Any, digits: int = 4) -> str:
     return str(x)
 
 
+def fmt_mean_ci(a: dict, f: str = "{:.4f}") -> str:
+    """``mean [lo, hi]`` of an aggregate (``{"mean", "ci95"}``, e.g. from
+    ``stats.aggregate_seeds``), each number through the format string ``f``."""
+    return f"{f.format(a['mean'])} [{f.format(a['ci95'][0])}, {f.format(a['ci95'][1])}]"
+
+
 def _si(x: float, digits: int) -> str:
     for scale, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
         if abs(x) >= scale:

@@ -62,8 +62,9 @@ import numpy as np
 import torch
 
 from .. import api, stats
-from ..config import parse_command_line, to_dict
+from ..config import check_training_fields, parse_command_line, to_dict
 from ..measure import env_info
+from ..report import fmt_mean_ci
 from ..results import ResultsDir
 
 DENSE = "dense"
@@ -168,17 +169,8 @@ class SweepConfig:
             raise ValueError(f"compact_fold: true or false, got {self.compact_fold!r}")  # noqa: TRY004 (config errors are ValueErrors)
         if not (isinstance(self.compact_batches, int) and self.compact_batches >= 1):
             raise ValueError(f"compact_batches: an integer >= 1, got {self.compact_batches!r}")
-        for name in ("max_train", "max_eval", "threads"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                raise ValueError(f"{name}: must be >= 1, got {v}")
-        if self.lr <= 0:
-            raise ValueError(f"lr: must be > 0, got {self.lr}")
         if not isinstance(self.group_by_length, bool):
             raise ValueError(f"group_by_length: true or false, got {self.group_by_length!r}")  # noqa: TRY004 (config errors are ValueErrors)
-        if self.mixed_precision not in ("no", "bf16", "auto"):
-            raise ValueError(f"mixed_precision: 'no', 'bf16' or 'auto' (quote \"no\" in YAML), "
-                             f"got {self.mixed_precision!r}")
         for r in self.prune_after:
             if not (isinstance(r, (int, float)) and 0.0 < r < 1.0):
                 raise ValueError(f"prune_after: keep ratios in (0, 1), got {r!r}")
@@ -186,8 +178,7 @@ class SweepConfig:
             raise ValueError(f"prune_after: repeated value in {self.prune_after}")
         if not (isinstance(self.prune_after_layer, int) and self.prune_after_layer >= 1):
             raise ValueError(f"prune_after_layer: an integer >= 1, got {self.prune_after_layer!r}")
-        if not self.seeds:
-            raise ValueError("seeds: give at least one seed")
+        check_training_fields(self)
 
 
 def settings(cfg: SweepConfig) -> list[tuple[str, str | None, dict, dict]]:
@@ -617,7 +608,7 @@ def format_prune_table(cfg: SweepConfig, pruned: dict, comparisons: list[dict]) 
     by: dict = {}
     for c in comparisons:
         by.setdefault(c["a"], []).append(c)
-    ci = lambda a: "—" if a is None else _fmt_ci(a, "{:+.4f}")
+    ci = lambda a: "—" if a is None else fmt_mean_ci(a, "{:+.4f}")
     lines = [(f"Seeds: {list(cfg.seeds)}. attention_mass token pruning after layer "
               f"{cfg.prune_after_layer} at keep ratio ρ, applied after training, no retraining "
               f"(crisp stays on underneath). drop: accuracy pruned minus the same model unpruned; "
@@ -632,7 +623,7 @@ def format_prune_table(cfg: SweepConfig, pruned: dict, comparisons: list[dict]) 
     for sub, m in pruned.items():
         _, _, ph = _across(by.get(sub, []))
         lines.append(f"| {m['setting']} | {m['keep_ratio']:g} | {m['kept_ratio']:.3f} | "
-                     f"{_fmt_ci(m['accuracy'])} | "
+                     f"{fmt_mean_ci(m['accuracy'])} | "
                      f"{ci(m['drop_vs_unpruned'])} | {ci(m['delta_vs_dense_pruned'])} | {ph} | "
                      f"{ci(m['drop_minus_dense_drop'])} |")
     return "\n".join(lines) + "\n"
@@ -728,10 +719,6 @@ def _comparisons(cfg: SweepConfig, results: ResultsDir, load_predictions) -> lis
     return out
 
 
-def _fmt_ci(a: dict, f: str = "{:.4f}") -> str:
-    return f"{f.format(a['mean'])} [{f.format(a['ci95'][0])}, {f.format(a['ci95'][1])}]"
-
-
 def _across(cs: list[dict]) -> tuple[str, str, str]:
     """Δ, p and p Holm cells from one label's per-seed comparisons: one seed as it is; several:
     the mean Δ with a t-interval over seeds, and every seed's p in seed order."""
@@ -745,7 +732,7 @@ def _across(cs: list[dict]) -> tuple[str, str, str]:
     d = stats.aggregate_seeds([c["diff"] for c in cs])
     ps = ", ".join(f"{c['p']:.2g}" for c in cs)
     phs = ", ".join(f"{c['p_holm']:.2g}" if c.get("p_holm") is not None else "—" for c in cs)
-    return _fmt_ci(d, "{:+.4f}"), ps, phs
+    return fmt_mean_ci(d, "{:+.4f}"), ps, phs
 
 
 def _significant(cs: list[dict], sign: int) -> bool:
@@ -779,7 +766,7 @@ def format_table(cfg: SweepConfig, methods: dict, comparisons: list[dict]) -> st
         auc = f"{m['auc']['mean']:.4f}" if m.get("auc") else "—"
         lines.append(
             f"| {label} | {m['sparsity']:g} | {m['schedule']} | {m['lam']:g} | {m['location']} | "
-            f"{_fmt_ci(m['accuracy'])} | {delta} | {p} | {ph} | {auc} | {dauc} | {pauc} | "
+            f"{fmt_mean_ci(m['accuracy'])} | {delta} | {p} | {ph} | {auc} | {dauc} | {pauc} | "
             f"{m['attention_sparsity']:.3f} | {m['ffn_sparsity']:.3f} | {m['entropy_bits']:.3f} | "
             f"{m['gini']:.3f} | {m['flops']['relative']:.4f} | "
             f"{m['flops']['sparse_proxy_relative']:.3f} | {m['time']['relative']:.3f} |")

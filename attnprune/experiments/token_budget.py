@@ -34,8 +34,9 @@ import numpy as np
 import torch
 
 from .. import api, stats
-from ..config import parse_command_line, to_dict
+from ..config import check_training_fields, parse_command_line, to_dict
 from ..measure import env_info
+from ..report import fmt_mean_ci
 from ..results import ResultsDir
 
 FULL = "full"
@@ -78,19 +79,9 @@ class BudgetConfig:
                                  f"got {k!r}")
         if len(set(self.budgets)) != len(self.budgets):
             raise ValueError(f"budgets: repeated value in {self.budgets}")
-        if self.mixed_precision not in ("no", "bf16", "auto"):
-            raise ValueError(f"mixed_precision: 'no', 'bf16' or 'auto' (quote \"no\" in YAML), "
-                             f"got {self.mixed_precision!r}")
         if self.timing_batches < 0:
             raise ValueError(f"timing_batches: must be >= 0, got {self.timing_batches}")
-        for name in ("max_train", "max_eval", "threads"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                raise ValueError(f"{name}: must be >= 1, got {v}")
-        if self.lr <= 0:
-            raise ValueError(f"lr: must be > 0, got {self.lr}")
-        if not self.seeds:
-            raise ValueError("seeds: give at least one seed")
+        check_training_fields(self)
 
 
 def budget_label(k: int) -> str:
@@ -187,10 +178,6 @@ def run_seed(cfg: BudgetConfig, seed: int, data, results: ResultsDir) -> dict:
     return out
 
 
-def _cell(a: dict, f: str = "{:.4f}") -> str:
-    return f"{f.format(a['mean'])} [{f.format(a['ci95'][0])}, {f.format(a['ci95'][1])}]"
-
-
 def summarize(cfg: BudgetConfig, records: dict, results: ResultsDir) -> dict:
     """summary.json, table1.md and table2.md from the finished seeds."""
     from ..compare import load_predictions
@@ -265,7 +252,7 @@ def format_table1(cfg: BudgetConfig, rows: list[dict], seeds: list[int]) -> str:
         full = r["label"] == FULL
         lines.append(
             f"| {'full (' + str(r['k']) + ')' if full else r['k']} | {r['keep_ratio']:.4g} | "
-            f"{_cell(r['accuracy'])} | {'—' if full else _cell(r['delta'], '{:+.4f}')} | "
+            f"{fmt_mean_ci(r['accuracy'])} | {'—' if full else fmt_mean_ci(r['delta'], '{:+.4f}')} | "
             f"{'—' if full else ', '.join(f'{p:.2g}' for p in r['p_holm'])} | "
             f"{r['gflops_per_example']:.3f} | {r['flops_relative']:.3f} | "
             f"{'—' if r['time_relative'] is None else format(r['time_relative'], '.3f')} |")
