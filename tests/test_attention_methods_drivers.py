@@ -273,6 +273,8 @@ def test_prune_after_runs_stack_on_crisp_and_summarise(tmp_path):
                                                       for c in cmp)
     table = format_prune_table(cfg, s, cmp)
     assert table.count("\n| ") == 3 and "+0.1500 [" in table
+    dense_row = next(r for r in table.splitlines() if r.startswith(f"| {DENSE} |"))
+    assert dense_row.endswith("| — | — | — |")  # the reference is not compared with itself
 
 
 def test_multi_seed_table_lists_every_seed_and_needs_all_for_a_claim():

@@ -622,10 +622,11 @@ def format_prune_table(cfg: SweepConfig, pruned: dict, comparisons: list[dict]) 
               "unpruned | Δ vs dense pruned | p Holm | drop − dense drop |"), "|" + "---|" * 8]
     for sub, m in pruned.items():
         _, _, ph = _across(by.get(sub, []))
+        ref = m["setting"] == DENSE  # the reference: against itself is not a comparison
         lines.append(f"| {m['setting']} | {m['keep_ratio']:g} | {m['kept_ratio']:.3f} | "
                      f"{fmt_mean_ci(m['accuracy'])} | "
-                     f"{ci(m['drop_vs_unpruned'])} | {ci(m['delta_vs_dense_pruned'])} | {ph} | "
-                     f"{ci(m['drop_minus_dense_drop'])} |")
+                     f"{ci(m['drop_vs_unpruned'])} | {'—' if ref else ci(m['delta_vs_dense_pruned'])} | "
+                     f"{ph} | {'—' if ref else ci(m['drop_minus_dense_drop'])} |")
     return "\n".join(lines) + "\n"
 
 
