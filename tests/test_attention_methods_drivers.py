@@ -277,6 +277,39 @@ def test_prune_after_runs_stack_on_crisp_and_summarise(tmp_path):
     assert dense_row.endswith("| — | — | — |")  # the reference is not compared with itself
 
 
+def test_pooled_comparisons_pair_rows_within_seeds_and_keep_two_families(tmp_path):
+    from attnprune.compare import load_predictions
+    from attnprune.experiments.attention_sweeps import format_pooled_table, pooled_comparisons
+    from attnprune.results import ResultsDir
+
+    cfg = SweepConfig(sparsities=(0.0, 0.8), schedules=("uniform",), seeds=(0, 1, 2),
+                      prune_after=(0.5,))
+    (tmp_path / "predictions").mkdir()
+    y = np.array([0, 1] * 50)
+
+    def save(label, seed, wrong):
+        pred = y.copy()
+        pred[wrong] = 1 - pred[wrong]
+        np.savez(tmp_path / "predictions" / f"{label}__seed{seed}.npz", y_true=y, y_pred=pred)
+
+    for seed in (0, 1):  # crisp gets 2 and 4 more rows wrong than dense; seed 2 has no crisp
+        save(DENSE, seed, [0])
+        save("crisp-s0.8-uniform", seed, list(range(3 + 2 * seed)))
+        save("dense-prune0.5", seed, [0, 1])
+        save("crisp-s0.8-uniform-prune0.5", seed, [0, 1])
+    save(DENSE, 2, [])
+    out = pooled_comparisons(cfg, ResultsDir(tmp_path), load_predictions)
+    by = {c["a"]: c for c in out}
+    c = by["crisp-s0.8-uniform"]
+    assert (c["b"], c["family"], c["seeds"], c["n"]) == (DENSE, "sweep", [0, 1], 200)
+    assert c["diff"] == pytest.approx(-6 / 200)
+    p = by["crisp-s0.8-uniform-prune0.5"]
+    assert (p["b"], p["family"], p["diff"]) == ("dense-prune0.5", "prune", 0.0)
+    assert all(x["p_holm"] >= x["p"] for x in out)
+    table = format_pooled_table(cfg, out)
+    assert "| sweep | crisp-s0.8-uniform | dense | 0,1 | 200 | -0.0300 [" in table
+
+
 def test_multi_seed_table_lists_every_seed_and_needs_all_for_a_claim():
     from attnprune.experiments.attention_sweeps import format_table
 

@@ -43,8 +43,9 @@ stays on underneath, :func:`attnprune.patch` with ``stack=True``, on a copy); th
 same ρ, and ``table_prune.md`` gives each model's drop from its unpruned self and the
 difference of the drops. ``group_by_length`` and ``mixed_precision: bf16`` make CPU training
 about 3× faster for every setting alike (evaluation stays fp32). With several seeds, ``table.md``
-gives Δ as the mean with a t-interval over seeds and every seed's p; ``table_entropy.md`` the
-attention entropy per layer.
+gives Δ as the mean with a t-interval over seeds and every seed's p; ``table_pooled.md`` one
+more powerful fixed-effect test per setting with the seeds' test rows pooled
+(:func:`pooled_comparisons`); ``table_entropy.md`` the attention entropy per layer.
 
 Writes ``config.yaml``, ``summary.json`` (``methods`` + ``comparisons`` + ``sparse_ffn``),
 ``metrics.csv``, ``table.md``, ``table3.md`` (with the sparse FFN) (the papers' table layout with CIs and Holm-adjusted p), ``predictions/``,
@@ -526,10 +527,12 @@ def summarize(cfg: SweepConfig, records: dict, results: ResultsDir) -> dict:
     sparse = sparse_summary(cfg, records, runs)
     compacted = compact_summary(cfg, records, runs)
     pruned, prune_cmp = prune_summary(cfg, records, results, load_predictions)
+    pooled = pooled_comparisons(cfg, results, load_predictions) if len(cfg.seeds) > 1 else []
     summary = {"command": f"attention sweep {cfg.sweep}", "env": env_info(),
                "config": to_dict(cfg), "methods": methods, "comparisons": comparisons,
                "sparse_ffn": sparse, "compact": compacted,
                "pruned": pruned, "prune_comparisons": prune_cmp,
+               "pooled_comparisons": pooled,
                "notes": {"dense": "s = 0 and λ = 0 are this run (they reproduce it to 1e-5)",
                          "flops": "measured FLOPs are of dense kernels; sparse_proxy_relative "
                                   "is an analytic bound, not realised"}}
@@ -541,6 +544,8 @@ def summarize(cfg: SweepConfig, records: dict, results: ResultsDir) -> dict:
         results.write_text("table_entropy.md", format_entropy_table(methods))
     if pruned:
         results.write_text("table_prune.md", format_prune_table(cfg, pruned, prune_cmp))
+    if pooled:
+        results.write_text("table_pooled.md", format_pooled_table(cfg, pooled))
     if sparse:
         results.write_text("table3.md", format_table3(cfg, records, sparse, comparisons))
     if compacted:
@@ -718,6 +723,56 @@ def _comparisons(cfg: SweepConfig, results: ResultsDir, load_predictions) -> lis
     if out:
         stats.apply_decision_rule(out)
     return out
+
+
+def pooled_comparisons(cfg: SweepConfig, results: ResultsDir, load_predictions) -> list[dict]:
+    """Accuracy against the reference with every seed's test rows pooled: for each label with
+    at least two seeds, the seeds it shares with its reference are concatenated (row i of seed
+    s stays paired with row i of the reference's seed s), then one McNemar test (the same as
+    summing the per-seed discordant counts) and one paired bootstrap CI. It has √(seeds) more
+    power than a single seed's test, but it is a fixed-effect test: it holds the trained
+    models fixed and sees only test-set noise, while the t-interval over seeds in table.md also
+    carries the training noise. Two Holm families: the sweep against dense, and each pruned
+    model against dense pruned at the same ρ."""
+    preds = load_predictions(results.path / "predictions")
+    out = []
+    for family in ("sweep", "prune"):
+        batch = []
+        for label, by_seed in preds.items():
+            if (PRUNE in label) != (family == "prune") or label.startswith(DENSE):
+                continue
+            ref = (prune_label(DENSE, float(label.rsplit(PRUNE, 1)[1])) if family == "prune"
+                   else DENSE)
+            seeds = sorted(set(by_seed) & set(preds.get(ref, {})) & set(cfg.seeds))
+            if len(seeds) < 2:
+                continue
+            group = {lab: {k: np.concatenate([by[sd][k] for sd in seeds])
+                           for k in ("y_true", "y_pred")}
+                     for lab, by in ((label, by_seed), (ref, preds[ref]))}
+            for c in stats.compare_predictions(group, reference=ref, adjust=False,
+                                               metrics=("accuracy",)):
+                batch.append({**c, "seeds": seeds, "family": family})
+        if batch:
+            stats.apply_decision_rule(batch)
+            out += batch
+    return out
+
+
+def format_pooled_table(cfg: SweepConfig, pooled: list[dict]) -> str:
+    """table_pooled.md: one row per pooled comparison (``pooled_comparisons``)."""
+    lines = [("Accuracy with the seeds' test rows pooled (paired row by row within each seed): "
+              "Δ [95% paired bootstrap CI], McNemar p, Holm p within each family (the sweep vs "
+              "dense; pruned models vs dense pruned at the same ρ). A fixed-effect test: it "
+              "holds the trained models fixed (test-set noise only); table.md's t-interval "
+              "over seeds also carries training noise."), "",
+             "| family | setting | vs | seeds | rows | Δ accuracy [95% CI] | p (McNemar) | p Holm |",
+             "|" + "---|" * 8]
+    for c in pooled:
+        lines.append(f"| {c['family']} | {c['a']} | {c['b']} | "
+                     f"{','.join(str(sd) for sd in c['seeds'])} | {c['n']} | "
+                     f"{c['diff']:+.4f} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] | "
+                     f"{c['p']:.3g} | {c['p_holm']:.3g} |")
+    return "\n".join(lines) + "\n"
 
 
 def _across(cs: list[dict]) -> tuple[str, str, str]:
