@@ -264,7 +264,7 @@ def test_prune_after_runs_stack_on_crisp_and_summarise(tmp_path):
                                                          * (label == DENSE)}}}
     assert (tmp_path / "predictions" / f"{prune_label('crisp-s0.8-uniform', 0.5)}__seed1.npz"
             ).is_file()
-    s, cmp = prune_summary(cfg, records, results, load_predictions)
+    s, cmp = prune_summary(cfg, records, load_predictions(tmp_path))
     m = s[prune_label("crisp-s0.8-uniform", 0.5)]
     assert m["drop_vs_unpruned"]["mean"] == pytest.approx(0.0)
     assert m["drop_minus_dense_drop"]["per_seed"] == pytest.approx([0.1, 0.2])
@@ -280,7 +280,6 @@ def test_prune_after_runs_stack_on_crisp_and_summarise(tmp_path):
 def test_pooled_comparisons_pair_rows_within_seeds_and_keep_two_families(tmp_path):
     from attnprune.compare import load_predictions
     from attnprune.experiments.attention_sweeps import format_pooled_table, pooled_comparisons
-    from attnprune.results import ResultsDir
 
     cfg = SweepConfig(sparsities=(0.0, 0.8), schedules=("uniform",), seeds=(0, 1, 2),
                       prune_after=(0.5,))
@@ -298,7 +297,7 @@ def test_pooled_comparisons_pair_rows_within_seeds_and_keep_two_families(tmp_pat
         save("dense-prune0.5", seed, [0, 1])
         save("crisp-s0.8-uniform-prune0.5", seed, [0, 1])
     save(DENSE, 2, [])
-    out = pooled_comparisons(cfg, ResultsDir(tmp_path), load_predictions)
+    out = pooled_comparisons(cfg, load_predictions(tmp_path))
     by = {c["a"]: c for c in out}
     c = by["crisp-s0.8-uniform"]
     assert (c["b"], c["family"], c["seeds"], c["n"]) == (DENSE, "sweep", [0, 1], 200)
@@ -306,7 +305,7 @@ def test_pooled_comparisons_pair_rows_within_seeds_and_keep_two_families(tmp_pat
     p = by["crisp-s0.8-uniform-prune0.5"]
     assert (p["b"], p["family"], p["diff"]) == ("dense-prune0.5", "prune", 0.0)
     assert all(x["p_holm"] >= x["p"] for x in out)
-    table = format_pooled_table(cfg, out)
+    table = format_pooled_table(out)
     assert "| sweep | crisp-s0.8-uniform | dense | 0,1 | 200 | -0.0300 [" in table
 
 

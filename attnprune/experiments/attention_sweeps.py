@@ -523,11 +523,12 @@ def summarize(cfg: SweepConfig, records: dict, results: ResultsDir) -> dict:
                          "gini": r["analysis"]["gini_mean"],
                          "flops_relative": r["test"]["flops"]["relative"],
                          "time_relative": r["test"].get("time", {}).get("relative")})
-    comparisons = _comparisons(cfg, results, load_predictions)
+    preds = load_predictions(results.path / "predictions")  # read once, for every table
+    comparisons = _comparisons(cfg, preds)
     sparse = sparse_summary(cfg, records, runs)
     compacted = compact_summary(cfg, records, runs)
-    pruned, prune_cmp = prune_summary(cfg, records, results, load_predictions)
-    pooled = pooled_comparisons(cfg, results, load_predictions) if len(cfg.seeds) > 1 else []
+    pruned, prune_cmp = prune_summary(cfg, records, preds)
+    pooled = pooled_comparisons(cfg, preds)
     summary = {"command": f"attention sweep {cfg.sweep}", "env": env_info(),
                "config": to_dict(cfg), "methods": methods, "comparisons": comparisons,
                "sparse_ffn": sparse, "compact": compacted,
@@ -545,7 +546,7 @@ def summarize(cfg: SweepConfig, records: dict, results: ResultsDir) -> dict:
     if pruned:
         results.write_text("table_prune.md", format_prune_table(cfg, pruned, prune_cmp))
     if pooled:
-        results.write_text("table_pooled.md", format_pooled_table(cfg, pooled))
+        results.write_text("table_pooled.md", format_pooled_table(pooled))
     if sparse:
         results.write_text("table3.md", format_table3(cfg, records, sparse, comparisons))
     if compacted:
@@ -555,8 +556,7 @@ def summarize(cfg: SweepConfig, records: dict, results: ResultsDir) -> dict:
     return summary
 
 
-def prune_summary(cfg: SweepConfig, records: dict, results: ResultsDir,
-                  load_predictions) -> tuple[dict, list[dict]]:
+def prune_summary(cfg: SweepConfig, records: dict, preds: dict) -> tuple[dict, list[dict]]:
     """Pruning after training: per (setting, ρ) the seeds' accuracy with attention_mass
     pruning, kept tokens, FLOPs, the drop from the same model unpruned, Δ against the dense
     model pruned at the same ρ, and the difference of the two drops (per seed, then mean and
@@ -564,7 +564,6 @@ def prune_summary(cfg: SweepConfig, records: dict, results: ResultsDir,
     pruned at the same ρ (McNemar per seed, one Holm family of its own)."""
     if not cfg.prune_after:
         return {}, []
-    preds = load_predictions(results.path / "predictions")
     comparisons = []
     for seed in cfg.seeds:
         for rho in cfg.prune_after:
@@ -709,9 +708,8 @@ def format_table3(cfg: SweepConfig, records: dict, sparse: dict, comparisons: li
     return "\n".join(lines) + "\n"
 
 
-def _comparisons(cfg: SweepConfig, results: ResultsDir, load_predictions) -> list[dict]:
+def _comparisons(cfg: SweepConfig, preds: dict) -> list[dict]:
     """Every setting vs dense per seed, one Holm family over the sweep."""
-    preds = load_predictions(results.path / "predictions")
     out = []
     for seed in cfg.seeds:
         group = {lab: by_seed[seed] for lab, by_seed in preds.items()
@@ -725,7 +723,7 @@ def _comparisons(cfg: SweepConfig, results: ResultsDir, load_predictions) -> lis
     return out
 
 
-def pooled_comparisons(cfg: SweepConfig, results: ResultsDir, load_predictions) -> list[dict]:
+def pooled_comparisons(cfg: SweepConfig, preds: dict) -> list[dict]:
     """Accuracy against the reference with every seed's test rows pooled: for each label with
     at least two seeds, the seeds it shares with its reference are concatenated (row i of seed
     s stays paired with row i of the reference's seed s), then one McNemar test (the same as
@@ -734,7 +732,6 @@ def pooled_comparisons(cfg: SweepConfig, results: ResultsDir, load_predictions) 
     models fixed and sees only test-set noise, while the t-interval over seeds in table.md also
     carries the training noise. Two Holm families: the sweep against dense, and each pruned
     model against dense pruned at the same ρ."""
-    preds = load_predictions(results.path / "predictions")
     out = []
     for family in ("sweep", "prune"):
         batch = []
@@ -758,7 +755,7 @@ def pooled_comparisons(cfg: SweepConfig, results: ResultsDir, load_predictions) 
     return out
 
 
-def format_pooled_table(cfg: SweepConfig, pooled: list[dict]) -> str:
+def format_pooled_table(pooled: list[dict]) -> str:
     """table_pooled.md: one row per pooled comparison (``pooled_comparisons``)."""
     lines = [("Accuracy with the seeds' test rows pooled (paired row by row within each seed): "
               "Δ [95% paired bootstrap CI], McNemar p, Holm p within each family (the sweep vs "
