@@ -59,3 +59,17 @@ def test_bf16_and_fp32_training_agree_on_an_easy_task():
                            seed=0)
         accs[precision] = hist[-1]["val_accuracy"]
     assert accs["fp32"] > 0.9 and abs(accs["fp32"] - accs["bf16"]) < 0.05, accs
+
+
+def test_default_precision_is_auto_and_fp32_without_native_bf16(monkeypatch):
+    """A new user's CPU may lack native bf16 matmuls (AVX2 only): there emulated bf16 is slower
+    than fp32, so neither the config file nor the dataclass may default to bf16."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    assert SyntheticConfig().precision == "auto"
+    assert load_config(SyntheticConfig, repo / "configs" / "synthetic.yaml").precision == "auto"
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert TrainConfig(precision=SyntheticConfig().precision).use_bf16() is False
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    assert TrainConfig(precision=SyntheticConfig().precision).use_bf16() is True

@@ -91,9 +91,10 @@ class SyntheticConfig:
     weight_decay: float = 0.01
     # Training-step precision (see TrainConfig). bf16: the matmuls of the training steps run in
     # bfloat16 (autocast); softmax, gates, losses, optimiser and every evaluation stay float32.
-    # The default because it is what fits the 3-minute budget here (2:19 vs 3:15 for fp32, whose
-    # conclusions agree; README). "fp32" everywhere; "auto": bf16 where the CPU has it natively.
-    precision: str = "bf16"
+    # "auto" (the default): bf16 where the CPU has native bf16 matmuls (2:19 vs 3:15 for fp32
+    # here, same conclusions; README), fp32 elsewhere — emulated bf16 on a CPU without them
+    # (e.g. AVX2 only) is slower than fp32, so "bf16" is never a safe default. "fp32" everywhere.
+    precision: str = "auto"
     # measurements (§4.5, §9)
     timing_repeats: int = 10
     timing_warmup: int = 2
@@ -629,7 +630,10 @@ def run_experiment(cfg: SyntheticConfig, results: ResultsDir,
         "config": {"seeds": list(cfg.seeds), "keep_ratio": cfg.keep_ratio, "noise": cfg.noise,
                    "idf": cfg.idf, "epochs": cfg.epochs, "length": cfg.length,
                    "d_model": cfg.d_model, "workers": cfg.workers, "threads": cfg.threads,
-                   "precision": cfg.precision},
+                   "precision": cfg.precision,
+                   # what "auto" resolved to on this machine (the table's title shows it)
+                   "precision_used": "bf16" if TrainConfig(precision=cfg.precision).use_bf16()
+                   else "fp32"},
         "methods": methods,
         "comparisons": comps,
         "comparisons_per_seed": comps_seed,
@@ -680,7 +684,7 @@ def format_table(summary: dict) -> str:
     head = (f"{'method':<18} {'accuracy':>15} {'AUC':>15} {'kept':>5} {'FLOPs proxy':>11} "
             f"{'FLOPs meas.':>11} {'latency proxy':>13} {'wall time':>9} {'gate':>5} "
             f"{'signal kept':>15} {'ECE':>15}")
-    precision = summary["config"].get("precision", "fp32")
+    precision = summary["config"].get("precision_used") or summary["config"].get("precision", "fp32")
     title = (f"Synthetic validation (n = {len(seeds)} seeds {seeds}; training precision "
              f"{precision}; mean ± 95 % CI half-width over seeds; relative = vs full, same process)")
     lines = [title, head, "-" * len(head)]
