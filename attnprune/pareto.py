@@ -39,9 +39,14 @@ paired bootstrap CI over test examples of the seed-averaged correctness differen
 the same examples, every seed), (b) the t-interval of the per-seed differences (training
 variance, 2 df at 3 seeds: wide), and a p-value from the McNemar test on discordant pairs
 summed over seeds (the Mantel–Haenszel test for matched pairs stratified by seed); Holm over
-the whole family of p-values. ``verdict`` marks the points that meet the issue's bar: fair
-latency ≤ 0.5× full, lower CI bound of Δ vs full > −1 pp, and accuracy above every layer-drop
-point (± int8) whose latency is at most its own.
+the whole family of p-values. ``verdict`` marks the points that meet the issue's bar, all of:
+at least ``min_seeds`` (3) seeds (fewer: reported, never "meets bar"), fair latency ≤
+``latency_bar`` (0.5) × full, lower CI bound of Δ vs full > −``margin`` (1 pp), and mean
+accuracy above every layer-drop point (± int8) whose latency is at most its own.
+
+Only top-k token methods can be points (their kept count is ⌊ρ·n⌋): methods whose kept count
+depends on the trained weights (``variable_budget``: LTP, entropy_threshold, ...) are refused
+before any work, since the time phase uses untrained weights.
 """
 
 from __future__ import annotations
@@ -105,6 +110,10 @@ class ParetoConfig:
     threads: int | None = None
     margin: float = 0.01  # non-inferiority margin δ on accuracy (1 pp)
     latency_bar: float = 0.5  # the verdict's bound on fair batch-32 latency relative to full
+    # the verdict's least number of seeds: the CI of Δ vs full is over test examples only, so
+    # with one seed nothing measures training variance (and 2 seeds give 1 df): below this a
+    # point is reported but never "meets bar"
+    min_seeds: int = 3
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -122,6 +131,9 @@ class ParetoConfig:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {v}")
+        if self.min_seeds < 2:
+            raise ValueError(f"min_seeds must be ≥ 2 (one seed says nothing of training "
+                             f"variance), got {self.min_seeds}")
         for name in ("lr", "full_lr"):
             v = getattr(self, name)
             if v is not None and v <= 0:
@@ -154,6 +166,16 @@ class ParetoConfig:
             if spec.kind != "token":
                 raise ValueError(f"prune[{i}].method: {p['method']!r} is a {spec.kind} method; "
                                  "the front compares token methods")
+            if getattr(spec.cls, "variable_budget", False):
+                # the time phase runs every point with untrained weights (the pretrained
+                # encoder): right for top-k methods, whose kept count is ⌊ρ·n⌋ whatever the
+                # weights, wrong for thresholds and policies, whose kept count (and so their
+                # time and FLOPs) is what training decides; the trained pruned weights are not
+                # kept, so they cannot be timed with them either
+                raise ValueError(f"prune[{i}].method: {p['method']!r} decides its kept count "
+                                 "from trained weights (variable budget), but pareto times "
+                                 "every point with untrained weights; use a top-k method "
+                                 "here, and measure this one with attnprune finetune")
             rhos = p.get("keep_ratio", 0.5)
             for j, r in enumerate(rhos if isinstance(rhos, (list, tuple)) else [rhos]):
                 check_keep_ratio(r, f"prune[{i}].keep_ratio[{j}]")
@@ -524,10 +546,12 @@ def summarize(cfg: ParetoConfig, results: ResultsDir) -> dict:
                      and _lat(o, big) is not None and _lat(o, big) <= lat]
         beats = all(e["accuracy"]["mean"] > points[lab]["accuracy"]["mean"] for lab in slower_ld)
         e["verdict"] = {
+            "enough_seeds": e["n_seeds"] >= cfg.min_seeds,
             "latency_le_bar": lat <= cfg.latency_bar * full_lat,
             "noninferior_to_full": e["vs_full"]["ci95"][0] > -cfg.margin,
             "beats_layer_drop_at_le_latency": beats,
             "layer_drop_points_at_le_latency": slower_ld,
+            "min_seeds": cfg.min_seeds,
         }
         e["verdict"]["meets_bar"] = all(v for k, v in e["verdict"].items() if isinstance(v, bool))
     composition = _composition(points, big)
@@ -608,6 +632,7 @@ def _table_rows(points: dict, cfg: ParetoConfig) -> list[dict]:
             row[f"time_b{bs}_fair"] = _lat(e, bs, "fair")
             row[f"time_b{bs}_padded"] = _lat(e, bs, "padded")
         row["meets_bar"] = (e.get("verdict") or {}).get("meets_bar")
+        row["enough_seeds"] = (e.get("verdict") or {}).get("enough_seeds")
         rows.append(row)
     return rows
 
@@ -634,7 +659,8 @@ def _markdown(rows: list[dict], composition: list[dict]) -> str:
                  "—" if r["p_holm_vs_full"] is None else f"{r['p_holm_vs_full']:.2g}", dl,
                  f(r["flops_relative"])]
         cells += [f"{f(r[f'time_b{b}_fair'], 2)} ({f(r[f'time_b{b}_padded'], 2)})" for b in bss]
-        cells.append({True: "yes", False: "no", None: ""}[r["meets_bar"]])
+        bar = {True: "yes", False: "no", None: ""}[r["meets_bar"]]
+        cells.append(bar + (" (too few seeds)" if r.get("enough_seeds") is False else ""))
         lines.append("| " + " | ".join(cells) + " |")
     if composition:
         lines += ["", "| point | batch | speed-up method | int8 | both | product | both faster than each |",

@@ -191,3 +191,70 @@ def test_pareto_end_to_end_and_resume(tiny, tmp_path, capsys):  # noqa: F811
         assert {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")} == mtimes
     finally:
         torch.set_num_threads(n)
+
+
+def test_methods_with_a_trained_budget_are_refused_before_work(tmp_path):
+    """The time phase runs untrained weights: a method whose kept count depends on them
+    (``variable_budget``: thresholds, policies) would be timed with a kept count it never has
+    after training. Every such registered method is refused, naming the entry."""
+    from attnprune import registry
+
+    variable = [m for m in registry.list_methods("token")
+                if getattr(registry.get(m).cls, "variable_budget", False)]
+    assert {"ltp", "entropy_threshold"} <= set(variable)
+    for m in variable:
+        with pytest.raises(ConfigError, match=r"prune\[1\]\.method.*variable budget"):
+            parse_command_line(["--prune", f"[{{method: random}}, {{method: {m}}}]",
+                                "--out", str(tmp_path / "p")], ParetoConfig)
+        with pytest.raises(ConfigError, match=r"prune\[1\]\.method"):
+            main(["--prune", f"[{{method: random}}, {{method: {m}}}]",
+                  "--out", str(tmp_path / "p")])
+    assert not (tmp_path / "p").exists()  # refused before the results folder
+    parse_command_line(["--prune", "[{method: random}, {method: attention_mass}]"], ParetoConfig)
+
+
+def _verdict_folder(tmp_path, seeds, *, pruned_correct=0.95, pruned_time=0.4):
+    """A results folder as the train and time phases leave it, for the summary alone: 200 test
+    rows; full right on 95 %, layers=1 on 80 % and timed 0.45 of full, the pruned point right
+    on ``pruned_correct`` (its errors a superset of full's) and timed ``pruned_time``."""
+    from attnprune.pareto import summarize
+    from attnprune.results import ResultsDir
+
+    cfg = ParetoConfig(seeds=tuple(seeds), layer_drop=(1,), int8=False, timing_batch_sizes=(32,),
+                       prune=({"method": "attention_mass", "keep_ratio": 0.5, "after_layer": 1},))
+    res = ResultsDir(tmp_path)
+    y = np.arange(200) % 2
+    share = {"full": 0.95, "layers=1": 0.80, "attention_mass@0.5/L1": pruned_correct}
+    lat = {"full": 1.0, "layers=1": 0.45, "attention_mass@0.5/L1": pruned_time}
+    for s in seeds:
+        # nested errors: the pruned point is wrong where full is, and on some more rows
+        wrong = np.random.default_rng(s).permutation(200)
+        for label, q in share.items():
+            pred = y.copy()
+            pred[wrong[: round(200 * (1 - q))]] ^= 1
+            res.save_predictions(label, s, y, pred)
+    rows = {lab: {"time_relative": t, "flops_relative": t, "kept_ratio": 1.0} for lab, t in lat.items()}
+    res.write_json("timing.json", {"threads": 1, "batch_sizes": {"32": {"fair": rows, "padded": rows}}})
+    return summarize(cfg, res)["points"]["attention_mass@0.5/L1"]
+
+
+def test_verdict_meets_bar_only_with_enough_seeds(tmp_path):
+    """The verdict's rule: ≥ min_seeds (3) seeds, fair latency ≤ 0.5× full, lower CI bound of Δ
+    vs full > −1 pp, more accurate than every layer-drop point at most as slow. A point that
+    passes everything else on one seed (or two) is reported but does not meet the bar."""
+    three = _verdict_folder(tmp_path / "three", [0, 1, 2])["verdict"]
+    assert three["enough_seeds"] and three["latency_le_bar"] and three["noninferior_to_full"]
+    assert three["beats_layer_drop_at_le_latency"] and three["meets_bar"] is True
+    for seeds in ([0], [0, 1]):
+        v = _verdict_folder(tmp_path / f"s{len(seeds)}", seeds)["verdict"]
+        assert v["latency_le_bar"] and v["noninferior_to_full"]
+        assert v["enough_seeds"] is False and v["meets_bar"] is False
+    # the other conditions fail it too
+    assert _verdict_folder(tmp_path / "slow", [0, 1, 2], pruned_time=0.6)["verdict"]["meets_bar"] is False
+    worse = _verdict_folder(tmp_path / "worse", [0, 1, 2], pruned_correct=0.85)["verdict"]
+    assert worse["noninferior_to_full"] is False and worse["meets_bar"] is False
+    # slower than layers=1 and no more accurate than it
+    v = _verdict_folder(tmp_path / "ld", [0, 1, 2], pruned_correct=0.80, pruned_time=0.5)["verdict"]
+    assert v["beats_layer_drop_at_le_latency"] is False and v["meets_bar"] is False
+    with pytest.raises(ConfigError, match="min_seeds"):
+        parse_command_line(["--min-seeds", "1"], ParetoConfig)
