@@ -183,3 +183,59 @@ def test_aux_loss_reaches_the_loss_through_ddp():
     assert logs.get("aux", 0) > 0
     head = [p for n, p in model.named_parameters() if n.startswith("attnprune_method.")]
     assert head and all(p.grad is not None for p in head)
+
+
+def _ltp_model():
+    """A tiny dropout-free BERT patched with LTP (same weights in every process: seeded)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from attnprune import api
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=30, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=32, num_labels=2,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        initializer_range=0.5))  # large weights: peaked attention, importances far apart
+    return api.patch(model, "ltp", keep_ratio=0.5, after_layer=1)
+
+
+def _ltp_batch(rank: int) -> dict:
+    """Rank ``rank``'s batch: its own tokens and lengths (so its own quantiles)."""
+    g = torch.Generator().manual_seed(100 + rank)
+    ids = torch.randint(5, 30, (4, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1:, 12 - 3 * (rank + 1):] = 0  # padding: 3 on rank 0, 6 on rank 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 1, 0, 1])}
+
+
+def _ltp_rank(rank: int, world: int, init_file: str, out: str) -> None:
+    """One process of the gloo group: one training forward (LTP calibrates θ), θ saved."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        model = _ltp_model().train()
+        model(**_ltp_batch(rank))
+        torch.save(model.attnprune_method.theta.detach().clone(), f"{out}/theta{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ltp_calibration_agrees_across_ranks(tmp_path):
+    """DDP (2 gloo processes, each its own batch): LTP's calibrated θ is one θ on every rank,
+    the one a single process calibrates on both batches together (as DDP's gradients are)."""
+    import torch.multiprocessing as mp
+
+    init = tmp_path / "store"
+    mp.start_processes(_ltp_rank, args=(2, str(init), str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    t0, t1 = (torch.load(tmp_path / f"theta{r}.pt") for r in (0, 1))
+    model = _ltp_model().train()
+    assert not torch.equal(t0, model.attnprune_method.theta.detach())  # it was calibrated
+    torch.testing.assert_close(t0, t1, rtol=0, atol=0)
+    b0, b1 = _ltp_batch(0), _ltp_batch(1)
+    model(**{k: torch.cat([b0[k], b1[k]]) for k in b0})
+    torch.testing.assert_close(t0, model.attnprune_method.theta.detach())

@@ -22,8 +22,9 @@ Choices the paper leaves open, made here:
 * θ_l starts at ``init_threshold`` for every layer (the paper's (l+1)/L · τ_final ramp is for
   raw, length-dependent I). With ``calibrate=True`` (default), the first training forward of
   each layer instead sets θ_l to the (1 − ρ_l) quantile of Ĩ over that batch's real tokens, so
-  training starts at the target keep ratio. Measured on MiniLM / tweets (README): from the
-  fixed 0.5 start, 125 steps with λ = 1 left every ρ ∈ {0.3, 0.5, 0.75} at a kept ratio of 0.71;
+  training starts at the target keep ratio (under DDP over the real tokens of every process's
+  batch, so all processes hold one θ). Measured on MiniLM / tweets (README): from the fixed 0.5
+  start, 125 steps with λ = 1 left every ρ ∈ {0.3, 0.5, 0.75} at a kept ratio of 0.71;
   the penalty's gradient, 2λ(m̄ − ρ)·∂m̄/∂θ, is too small to move θ that far in a short
   fine-tune. The flag ``calibrated`` (a buffer, saved with the weights) records which layers
   are done; a checkpoint with a learned θ but no flag loads as calibrated.
@@ -39,6 +40,33 @@ from ..registry import register
 from ..selection import threshold_keep
 from .attention_mass import attention_received
 from .base import Selection, TokenMethod
+
+
+def _all_ranks(vals: torch.Tensor) -> torch.Tensor:
+    """``vals`` (n,) of this process joined with those of every other process of an
+    initialised ``torch.distributed`` group (as is; alone, or no group: unchanged).
+
+    Why gather rather than average each rank's θ or broadcast rank 0's: under DDP each process
+    sees 1/N of the global batch, and the (1 − ρ) quantile of the union is exactly what one
+    process with the global batch calibrates (DDP's promise: N processes = one process with
+    N× the batch). Broadcasting rank 0's would use 1/N of the data; a mean of per-rank
+    quantiles is not a quantile of anything. Every rank calls this on the same (first training)
+    forward of the same layer, since ``calibrated`` starts equal everywhere, so the collectives
+    match; a rank without real tokens still takes part (with 0 values)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return vals
+    sizes = [torch.zeros(1, dtype=torch.long, device=vals.device)
+             for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([vals.numel()], device=vals.device))
+    # all_gather needs equal shapes: pad to the longest with NaN, then drop the padding
+    n_max = int(max(int(n) for n in sizes))
+    padded = torch.full((n_max,), float("nan"), dtype=vals.dtype, device=vals.device)
+    padded[: vals.numel()] = vals
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[: int(n)] for p, n in zip(parts, sizes, strict=True)])
 
 
 @register("ltp", kind="token", paper="token_pruning_bert_to_gpt2.txt, LTP (learned thresholds)")
@@ -74,8 +102,9 @@ class LearnedTokenPruning(TokenMethod):
 
     @torch.no_grad()
     def _calibrate(self, imp, mask, keep_ratio: float, layer: int) -> None:
-        """θ_l ← the (1 − ρ) quantile of Ĩ over the real tokens (once per layer)."""
-        vals = imp[mask.bool()].float()
+        """θ_l ← the (1 − ρ) quantile of Ĩ over the real tokens (once per layer); under
+        ``torch.distributed``, over the real tokens of every process's batch."""
+        vals = _all_ranks(imp[mask.bool()].float())
         if vals.numel() == 0:
             return
         self.theta[layer] = torch.quantile(vals, 1.0 - float(keep_ratio)).to(self.theta.dtype)
