@@ -12,10 +12,16 @@ from torch import nn
 from transformers import (
     BertConfig,
     BertForSequenceClassification,
+    DebertaV2Config,
+    DebertaV2ForSequenceClassification,
     DistilBertConfig,
     DistilBertForSequenceClassification,
     GPT2Config,
     GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MPNetConfig,
+    MPNetForSequenceClassification,
     RobertaConfig,
     RobertaForSequenceClassification,
 )
@@ -88,6 +94,29 @@ def _bert_attention():
     return attnprune.patch(m, "crisp", sparsity=0.8)
 
 
+def _llama():
+    from test_hf_causal import force_pruning  # tests/ is on sys.path
+
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(LlamaConfig(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
+        pad_token_id=0, bos_token_id=0, eos_token_id=0)).eval()
+    attnprune.patch(m, "ltp", keep_ratio=0.5)
+    force_pruning(m)
+    return m
+
+
+def _own_forward_attention(cls, cfg_cls, **extra):
+    # MPNet and DeBERTa-v2: an adapter replaces each attention module's forward
+    def build():
+        torch.manual_seed(0)
+        m = cls(cfg_cls(vocab_size=V, num_labels=2, initializer_range=0.2, **KW,
+                        **extra)).eval()
+        return attnprune.patch(m, "crisp", sparsity=0.8)
+    return build
+
+
 def _tiny():
     m = TinyEncoder(TinyConfig(vocab=V, d_model=16)).eval()
     return attnprune.patch(m, "attention_mass", keep_ratio=0.5)
@@ -107,6 +136,13 @@ CASES = {
     "gpt2": (_gpt2, lambda m: m.transformer.h, _hf_out, _causal_kept),
     "bert_attention": (_bert_attention, lambda m: m.bert.encoder.layer, _hf_out, None),
     "tiny": (_tiny, lambda m: [m.attn1, m.attn2], _tiny_out, _tiny_kept),
+    "llama": (_llama, lambda m: m.model.layers, _hf_out, _causal_kept),
+    "mpnet_attention": (_own_forward_attention(MPNetForSequenceClassification, MPNetConfig),
+                        lambda m: m.mpnet.encoder.layer, _hf_out, None),
+    "deberta_attention": (_own_forward_attention(
+        DebertaV2ForSequenceClassification, DebertaV2Config, relative_attention=True,
+        pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=16),
+        lambda m: m.deberta.encoder.layer, _hf_out, None),
 }
 
 

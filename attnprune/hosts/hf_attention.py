@@ -29,8 +29,11 @@ How it wires a method in (see ``../shared/HF_NOTES.md``):
   it is called with. A global name bound to one state (a closure, a bound method) would be
   shared by ``copy.deepcopy`` copies of the model, which then ran the original's method state;
   reached through the module, the state is copied with the model (hooks are
-  ``functools.partial`` over the state, and adapters are methods bound to the module, for the
-  same reason);
+  ``functools.partial`` over the state, and adapters partials over the module, for the same
+  reason; module-level functions, so a patched model also pickles);
+- the data of one forward (layer running now, real tokens, position ids, hidden states, losses)
+  lives in a ``threading.local`` on the state (:class:`PerCall`): threads calling one patched
+  model at once never see each other's;
 - a forward pre-hook on each attention module says which layer runs now and, for methods that
   need it (intensity), records its input hidden state. ALBERT runs one module at every depth:
   the runs are numbered in call order, so per-layer method settings (crisp's sparsity list and
@@ -42,7 +45,9 @@ How it wires a method in (see ``../shared/HF_NOTES.md``):
 
 ``state.enabled = False`` runs the stock attention without penalties on the same weights (the
 full reference of ``finetune.evaluate``); ``state.need_weights = True`` makes every layer return
-its real attention probabilities (``analysis``).
+its real attention probabilities (``analysis``), and so does ``output_attentions=True`` for one
+call: ``outputs.attentions`` holds the probabilities each layer used (after the method's top-k,
+modulation or family terms; (B, H, Tq, Tk), one per attention run).
 
 The method module is added to the model as the submodule ``attnprune_method`` so its
 parameters (the intensity predictors) train with the model and are saved with it; ``unpatch``
@@ -57,7 +62,7 @@ need_weights, softcap, bias, positions) -> (out (B, Tq, H, d), probs (B, H, Tq, 
 
 from __future__ import annotations
 
-import types
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -66,7 +71,7 @@ import torch
 from torch import nn
 
 from .. import registry
-from ..methods.crisp import fused_attention
+from ..methods.crisp import allowed_keys, fused_attention, masked_scores, score_bias, softmax_rows
 from . import PatchState, add_method_module, register_host, remove_method_module, remove_state_hooks
 
 METHOD_ATTR = "attnprune_method"
@@ -117,6 +122,14 @@ class Family:
 
 
 _BERT_FFN = ("intermediate.dense",)
+
+
+def _albert_depth(config) -> int:
+    """ALBERT's attention runs per forward (a module-level function, not a lambda: the family
+    table is reached from patched models, which must pickle)."""
+    return config.num_hidden_layers * config.inner_group_num
+
+
 # SwiGLU / GeGLU decoders: act(gate_proj x) ⊙ up_proj x. The activation (and so the sparsity the
 # cost paper's ReLU(W1x + b1) term asks for) is on gate_proj; up_proj is linear, sign-symmetric.
 _GATED_FFN = ("mlp.gate_proj",)
@@ -142,8 +155,7 @@ FAMILIES: dict[str, Family] = {
     "gemma2": Family(ffn=_GATED_FFN),
     "phi3": Family(ffn=("mlp.gate_up_proj",), ffn_first_half=True),
     # one AlbertLayer per (group, inner index), run num_hidden_layers times in turn
-    "albert": Family(ffn=("ffn",),
-                     depth=lambda c: c.num_hidden_layers * c.inner_group_num,
+    "albert": Family(ffn=("ffn",), depth=_albert_depth,
                      token="albert", cls_head=("AlbertForSequenceClassification",)),
     "mpnet": Family(attention=("MPNetSelfAttention",), ffn=_BERT_FFN, scores="mpnet",
                     token="mpnet", cls_head=("MPNetForSequenceClassification",)),
@@ -229,11 +241,42 @@ def repeat_kv_heads(query: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
     return kv.repeat_interleave(h // h_kv, dim=1)
 
 
+class PerCall(threading.local):
+    """The data of the forward a thread runs now: which layer runs, the real tokens, the
+    position ids, the hidden states the method reads, whether the caller asked for attention
+    weights, and the losses and statistics the forward leaves for its caller.
+
+    A ``threading.local``: one patched model called from several threads at once (a web
+    server's thread pool) gives each call its own, so no request is scored with another's
+    mask, layer or hidden states. The hooks hand the data along within one thread: the model's
+    pre-hook, the attention modules' pre-hooks and the attention function of one forward run
+    in the thread that called the model (on CPU, backward too; a GPU's autograd threads would
+    see an empty ``PerCall`` if a forward were recomputed there, as activation checkpointing
+    does, which this host does not support).
+    """
+
+    def __init__(self) -> None:
+        self.calls = 0  # attention runs in this forward (numbers the layers of shared families)
+        self.current = 0  # layer number of the attention module running now
+        self.hidden: dict[int, torch.Tensor] = {}
+        self.token_mask: torch.Tensor | None = None  # (B, T) bool, the model's 2-D mask
+        self.positions: torch.Tensor | None = None  # the model's position_ids of this forward
+        self.layer_token_mask: torch.Tensor | None = None  # real tokens of this layer (stacked)
+        self.output_attentions = False  # the caller asked for the attention weights
+        self.aux_losses: list[torch.Tensor] = []
+        self.stats: dict = {}
+
+
 class AttentionPatchState(PatchState):
-    """State of an attention/loss patch: the registered name, hooks and per-forward data."""
+    """State of an attention/loss patch: the registered name, hooks and settings; the data of
+    a forward lives in :class:`PerCall` (``state.call``), per thread.
+
+    ``aux_losses`` and ``stats`` read the calling thread's: a caller sees the losses of its
+    own last forward, whatever other threads run meanwhile."""
 
     def __init__(self, method: str, module: nn.Module, impl: str, previous: str | None,
                  layers: dict[nn.Module, int], fam: Family, n_layers: int) -> None:
+        self.call = PerCall()  # before PatchState's __init__, which sets aux_losses and stats
         super().__init__(method, module)
         self.impl = impl
         self.previous = previous  # None: the attention implementation was not switched
@@ -243,12 +286,7 @@ class AttentionPatchState(PatchState):
         self.family = fam
         self.n_layers = n_layers
         self.shared = fam.depth is not None
-        self.calls = 0  # attention runs in this forward (numbers the layers of shared families)
-        self.current = 0  # layer number of the attention module running now
         self.handles: list = []
-        self.hidden: dict[int, torch.Tensor] = {}
-        self.token_mask: torch.Tensor | None = None
-        self.positions: torch.Tensor | None = None  # the model's position_ids of this forward
         self.need_weights = False  # set by analysis to receive probabilities
         # False = stock attention and no penalties (the full reference on the same weights and
         # batches, as ``attnprune.finetune.evaluate`` does with every host)
@@ -258,7 +296,30 @@ class AttentionPatchState(PatchState):
         # the model-level 2-D mask no longer lines up with them; each call then reads the real
         # tokens from the mask it is given, and the FFN hook of the same layer reuses them.
         self.derive_token_mask = False
-        self.layer_token_mask: torch.Tensor | None = None
+
+    @property
+    def aux_losses(self) -> list[torch.Tensor]:
+        return self.call.aux_losses
+
+    @aux_losses.setter
+    def aux_losses(self, value: list[torch.Tensor]) -> None:
+        self.call.aux_losses = value
+
+    @property
+    def stats(self) -> dict:
+        return self.call.stats
+
+    @stats.setter
+    def stats(self, value: dict) -> None:
+        self.call.stats = value
+
+    def __getstate__(self) -> dict:
+        # a thread-local neither pickles nor deep-copies: a copy starts with no forward data
+        return {k: v for k, v in self.__dict__.items() if k != "call"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.call = PerCall()
 
     def attention_fn(self, module, query, key, value, attention_mask, dropout=0.0,
                      scaling=None, bias=None, **kwargs):
@@ -267,9 +328,10 @@ class AttentionPatchState(PatchState):
         if kwargs.get("s_aux") is not None:
             raise ValueError("model: attention sinks (s_aux) are not supported by the "
                              "attention methods")
+        call = self.call
         layer = self.layer_of.get(module)
         if layer is not None and self.shared:
-            layer = self.current
+            layer = call.current
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
         if bias is None:  # families passing an additive score term through the interface
@@ -284,25 +346,37 @@ class AttentionPatchState(PatchState):
             key, value = key[:, :, :tq], value[:, :, :tq]
             bias = None if bias is None else bias[..., :tq]
         softcap = kwargs.get("softcap")
+        # the caller's output_attentions (the model's pre-hook, or this layer's own argument)
+        # asks for the probabilities the method used, as need_weights does for analysis
+        need_weights = (self.need_weights or call.output_attentions
+                        or bool(kwargs.get("output_attentions")))
         if layer is None or not self.enabled:  # stock path (unnumbered module, or disabled)
+            if need_weights:  # the stock probabilities, as HF's eager attention returns them
+                allowed = allowed_keys(attention_mask, causal, tq, key.shape[-2], query.device)
+                probs = softmax_rows(masked_scores(query, key, scaling, allowed, softcap=softcap,
+                                                   bias=score_bias(attention_mask, key.shape[-2],
+                                                                   bias)))
+                probs = probs.to(value.dtype)
+                dropped = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
+                return torch.matmul(dropped, value).transpose(1, 2).contiguous(), probs
             out = fused_attention(query, key, value, attention_mask, is_causal=causal,
                                   scaling=scaling, dropout=dropout, training=module.training,
                                   softcap=softcap, bias=bias)
             return out, None
-        token_mask = self.token_mask
+        token_mask = call.token_mask
         positions = kwargs.get("position_ids")
         if not isinstance(positions, torch.Tensor):
-            positions = self.positions
+            positions = call.positions
         if self.derive_token_mask:
             # a stacked token method gathered tokens: the model-level mask and position ids no
             # longer line up with this layer's tokens
-            token_mask = self.layer_token_mask = real_tokens(attention_mask, query.shape[-2])
+            token_mask = call.layer_token_mask = real_tokens(attention_mask, query.shape[-2])
             positions = kwargs.get("position_ids") if isinstance(kwargs.get("position_ids"),
                                                                  torch.Tensor) else None
         out, probs = self.modules.attend(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-            layer=layer, hidden=self.hidden.get(layer), aux=self.aux_losses,
-            token_mask=token_mask, need_weights=self.need_weights, softcap=softcap,
+            layer=layer, hidden=call.hidden.get(layer), aux=call.aux_losses,
+            token_mask=token_mask, need_weights=need_weights, softcap=softcap,
             bias=bias, positions=positions)
         return out, probs
 
@@ -320,7 +394,7 @@ class AttentionPatchState(PatchState):
             m.__dict__.pop(STATE_ATTR, None)
             m.__dict__.pop("forward", None)  # an adapter's instance forward (own-forward families)
         remove_method_module(model, self.modules)
-        self.hidden.clear()
+        self.call = PerCall()
 
 
 def real_tokens(mask: torch.Tensor | None, tq: int) -> torch.Tensor | None:
@@ -354,7 +428,8 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
 # calling the attention interface. Each replaces the module's forward (an instance attribute,
 # removed by ``unpatch``), computes q, k, v and the family's score terms with the module's own
 # layers and methods, and hands them to the patch state as (query, key, value, mask, bias).
-# They are plain functions bound to the module, so ``copy.deepcopy`` rebinds them to the copy.
+# They are module-level functions bound to the module with ``functools.partial``, so
+# ``copy.deepcopy`` rebinds them to the copy and ``pickle`` / ``torch.save`` store them by name.
 
 
 def _split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -371,7 +446,8 @@ def _mpnet_forward(module, hidden_states, attention_mask=None, position_bias=Non
     q, k, v = (_split_heads(proj(hidden_states), h) for proj in (module.q, module.k, module.v))
     out, probs = state.attention_fn(
         module, q, k, v, attention_mask, dropout=module.dropout.p if module.training else 0.0,
-        scaling=module.attention_head_size ** -0.5, bias=position_bias)
+        scaling=module.attention_head_size ** -0.5, bias=position_bias,
+        output_attentions=output_attentions)
     o = module.o(out.flatten(2))
     return (o, probs) if output_attentions else (o,)
 
@@ -410,10 +486,11 @@ def _deberta_forward(module, hidden_states, attention_mask, output_attentions=Fa
     q, k, v, bias, scaling = deberta_terms(module, hidden_states, query_states, relative_pos,
                                            rel_embeddings)
     if query_states is not None:  # the intensity predictor reads what the queries come from
-        state.hidden[state.current] = query_states
+        state.call.hidden[state.call.current] = query_states
     out, probs = state.attention_fn(
         module, q, k, v, attention_mask.bool(),
-        dropout=module.dropout.p if module.training else 0.0, scaling=scaling, bias=bias)
+        dropout=module.dropout.p if module.training else 0.0, scaling=scaling, bias=bias,
+        output_attentions=output_attentions)
     return out.flatten(2), (probs if output_attentions else None)
 
 
@@ -429,17 +506,23 @@ def _register() -> None:
     AttentionMaskInterface.register(IMPL, sdpa_mask)  # both registrations, or masks are None
 
 
-def _start_forward(state: AttentionPatchState, _mod, args, kwargs) -> None:
-    """Forward pre-hook on the model: clear the last forward's data, record the 2-D mask."""
-    state.aux_losses.clear()
-    state.stats.clear()
-    state.hidden.clear()
-    state.calls = 0
+def _start_forward(state: AttentionPatchState, mod, args, kwargs) -> None:
+    """Forward pre-hook on the model: new per-call data for this thread (the last forward's
+    losses and statistics are replaced, not cleared: a caller still holding the old list keeps
+    it), the 2-D mask, the position ids and whether attention weights are asked for."""
+    call = state.call
+    call.aux_losses, call.stats, call.hidden = [], {}, {}
+    call.calls = 0
+    call.layer_token_mask = None
     m = kwargs.get("attention_mask")
-    state.token_mask = m.bool() if isinstance(m, torch.Tensor) and m.dim() == 2 else None
+    call.token_mask = m.bool() if isinstance(m, torch.Tensor) and m.dim() == 2 else None
     # generate() gives left-padded rows position_ids that start at their first real token
     p = kwargs.get("position_ids")
-    state.positions = p if isinstance(p, torch.Tensor) else None
+    call.positions = p if isinstance(p, torch.Tensor) else None
+    want = kwargs.get("output_attentions")
+    if want is None:
+        want = getattr(getattr(mod, "config", None), "output_attentions", False)
+    call.output_attentions = bool(want)
 
 
 def _enter_layer(state: AttentionPatchState, i: int, needs_hidden: bool, _mod, args,
@@ -447,13 +530,14 @@ def _enter_layer(state: AttentionPatchState, i: int, needs_hidden: bool, _mod, a
     """Forward pre-hook on attention module ``i``: which layer runs now (for a shared module,
     the next one in call order, modulo the depth in case a caller skipped the model's own
     forward) and, for methods that read it, its input hidden states."""
+    call = state.call
     if state.shared:
-        state.current = state.calls % state.n_layers
-        state.calls += 1
+        call.current = call.calls % state.n_layers
+        call.calls += 1
     else:
-        state.current = i
+        call.current = i
     if needs_hidden:
-        state.hidden[state.current] = args[0] if args else kwargs.get("hidden_states")
+        call.hidden[call.current] = args[0] if args else kwargs.get("hidden_states")
 
 
 def _penalise(state: AttentionPatchState, _mod, _inp, out) -> None:
@@ -461,8 +545,9 @@ def _penalise(state: AttentionPatchState, _mod, _inp, out) -> None:
     if state.enabled:
         if state.family.ffn_first_half:
             out = out.chunk(2, dim=-1)[0]
-        mask = state.layer_token_mask if state.derive_token_mask else state.token_mask
-        state.aux_losses.append(state.modules.ffn_term(out, mask))
+        call = state.call
+        mask = call.layer_token_mask if state.derive_token_mask else call.token_mask
+        call.aux_losses.append(state.modules.ffn_term(out, mask))
 
 
 @register_host("hf_attention", kinds=("attention", "loss"), matches=_matches)
@@ -504,7 +589,9 @@ def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPa
     for m in attn:
         m.__dict__[STATE_ATTR] = state  # plain attribute: not a submodule, not saved
         if adapter is not None:
-            m.forward = types.MethodType(adapter, m)
+            # a partial over a module-level function, not a bound method: it pickles (by the
+            # function's name), and a deep copy rebinds it to the copied module
+            m.forward = partial(adapter, m)
     add_method_module(model, method)  # METHOD_ATTR, or a free variant when stacked
     state.handles.append(model.register_forward_pre_hook(partial(_start_forward, state),
                                                          with_kwargs=True))
