@@ -61,6 +61,7 @@ def methods_main(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv_from_process = argv is None  # the program itself, not a caller inside Python
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
@@ -86,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"attnprune {' '.join(words)}: error: {e}", file=sys.stderr)
                 return 2
             except KeyboardInterrupt:
+                if argv_from_process:
+                    # the program is ending: a second Ctrl-C during interpreter shutdown
+                    # (atexit joins) would print a traceback instead of this one line
+                    import signal
+
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)
                 print("\ninterrupted: finished runs are saved; rerun with the same --out to resume",
                       file=sys.stderr)
                 return 130

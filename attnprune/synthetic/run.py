@@ -306,8 +306,67 @@ def run_one(cfg: SyntheticConfig, run: RunSpec) -> tuple[dict, dict[str, np.ndar
     return record, state, preds
 
 
-def _worker_init(threads: int) -> None:
+def _worker_init(threads: int, parent: int | None = None) -> None:
+    """A training worker: ``threads`` torch threads; Ctrl-C left to the parent; dies with it.
+
+    A terminal's Ctrl-C reaches every process of the foreground group. A worker that took it
+    as KeyboardInterrupt would fail its current run and go on with the next one (the pool
+    keeps feeding it) while the parent waits for them all: the parent alone decides, and
+    stops the workers itself (:func:`_run_pool`). If the parent dies without that (killed),
+    Linux's parent-death signal ends the worker instead of leaving it running as an orphan."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent is not None and sys.platform.startswith("linux"):
+        import ctypes
+        import os
+
+        PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the prctl: nothing would signal
+            os._exit(1)
     torch.set_num_threads(threads)
+
+
+def _run_pool(cfg: SyntheticConfig, todo: list[RunSpec], done: Callable[..., None]) -> None:
+    """Every run of ``todo`` in ``cfg.workers`` spawned processes, ``done(run, record, state,
+    preds)`` called in this process as each finishes (in any order).
+
+    On any exception here (KeyboardInterrupt: one Ctrl-C) the runs that finished are still
+    handed to ``done`` (so saved), the queued ones cancelled and the workers terminated before
+    the exception goes on: ``ProcessPoolExecutor``'s own exit would wait for every queued run."""
+    import os
+
+    ctx = multiprocessing.get_context("spawn")  # fork after torch has started threads is unsafe
+    before = set(multiprocessing.active_children())
+    pool = ProcessPoolExecutor(min(cfg.workers, len(todo)), mp_context=ctx,
+                               initializer=_worker_init, initargs=(cfg.threads, os.getpid()))
+    futures = {}
+    handed = set()
+    try:
+        futures = {pool.submit(run_one, cfg, r): r for r in todo}
+        for fut in as_completed(futures):
+            handed.add(fut)
+            done(futures[fut], *fut.result())
+    except BaseException:
+        # the pool cancels its queued runs itself (a future cancelled here would make its
+        # manager thread fail when the terminated workers break the pool, CPython 3.11)
+        pool.shutdown(wait=False, cancel_futures=True)
+        workers = [p for p in multiprocessing.active_children() if p not in before]
+        for fut, run in futures.items():  # finished meanwhile: saved too
+            if fut not in handed and fut.done() and not fut.cancelled() and fut.exception() is None:
+                done(run, *fut.result())
+        for p in workers:
+            p.terminate()
+        for p in workers:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -594,22 +653,21 @@ def run_experiment(cfg: SyntheticConfig, results: ResultsDir,
     t_train = time.perf_counter()
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="training runs",
                unit="run", disable=not progress_bar, dynamic_ncols=True)
-    if cfg.workers > 0 and len(todo) > 1:
-        ctx = multiprocessing.get_context("spawn")  # fork after torch has started threads is unsafe
-        with ProcessPoolExecutor(min(cfg.workers, len(todo)), mp_context=ctx,
-                                 initializer=_worker_init, initargs=(cfg.threads,)) as pool:
-            futures = {pool.submit(run_one, cfg, r): r for r in todo}
-            for fut in as_completed(futures):
-                run = futures[fut]
-                _save_run(results, run, *fut.result())
+    try:
+        if cfg.workers > 0 and len(todo) > 1:
+            def done(run, *out):
+                _save_run(results, run, *out)
                 bar.set_postfix_str(run.key)
                 bar.update()
-    else:
-        for run in todo:
-            bar.set_postfix_str(run.key)
-            _save_run(results, run, *run_one(cfg, run))
-            bar.update()
-    bar.close()
+
+            _run_pool(cfg, todo, done)
+        else:
+            for run in todo:
+                bar.set_postfix_str(run.key)
+                _save_run(results, run, *run_one(cfg, run))
+                bar.update()
+    finally:
+        bar.close()  # before an interrupt's message, not after it at exit
     train_seconds = time.perf_counter() - t_train
     records = [results.load_run(r.key) for r in runs]
 
