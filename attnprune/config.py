@@ -22,8 +22,14 @@ import yaml
 
 T = TypeVar("T")
 
-__all__ = ["CommandLine", "ConfigError", "check_training_fields", "dump_yaml", "load_config",
-           "parse_command_line", "parse_overrides", "read_yaml", "to_dict"]
+__all__ = ["RUN_CONTROL_KEYS", "CommandLine", "ConfigError", "check_training_fields",
+           "config_differences", "dump_yaml", "load_config", "parse_command_line",
+           "parse_overrides", "read_yaml", "to_dict"]
+
+# Options that steer how a command runs, not what it computes: a re-run into a results folder
+# may change them (pareto's ``--phase summary``, the attention sweeps' ``--tabulate-only``, the
+# progress bars), and they are not taken over from the folder's config.yaml.
+RUN_CONTROL_KEYS = frozenset({"progress", "phase", "tabulate_only"})
 
 
 class ConfigError(ValueError):
@@ -188,6 +194,34 @@ def dump_yaml(cfg: Any) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
 
+def config_differences(saved: dict[str, Any], cfg: Any) -> dict[str, tuple[Any, Any]]:
+    """``{key: (saved value, cfg's value)}`` for the keys of the config ``cfg`` whose value
+    differs from ``saved`` (a results folder's config.yaml), :data:`RUN_CONTROL_KEYS` aside.
+    Values are compared as YAML writes and reads them (tuples as lists); a key the saved file
+    lacks (a folder from before the key existed) counts as its default."""
+    now = yaml.safe_load(dump_yaml(cfg))
+    out = {}
+    for f in dataclasses.fields(cfg):
+        if f.name not in now or f.name in RUN_CONTROL_KEYS:
+            continue
+        if f.name in saved:
+            old = saved[f.name]
+        elif f.default is not dataclasses.MISSING:
+            old = yaml.safe_load(yaml.safe_dump(_yaml_value(f.default)))
+        elif f.default_factory is not dataclasses.MISSING:
+            old = yaml.safe_load(yaml.safe_dump(_yaml_value(f.default_factory())))
+        else:
+            old = None  # a required field the folder lacks: it differs from any value given
+        if old != now[f.name]:
+            out[f.name] = (old, now[f.name])
+    return out
+
+
+def _yaml_value(v: Any) -> Any:
+    """One value as :func:`to_dict` writes it (tuples as lists)."""
+    return list(v) if isinstance(v, tuple) else v
+
+
 @dataclasses.dataclass(frozen=True)
 class CommandLine:
     """What every command shares: its config, the results folder and the run flags."""
@@ -213,9 +247,12 @@ def parse_command_line(argv: list[str], cls: type[T], default_out: str = "result
     """Parse ``[--config FILE] [--key value ...] [--out DIR] [--exact-out]`` into a config.
 
     ``--out DIR`` that already holds a ``config.yaml`` is a results folder: the run resumes
-    in it (finished runs are skipped). Otherwise a new timestamped folder is made inside
-    ``DIR``, unless ``--exact-out`` is given. ``defaults`` (e.g. a preset) sit under the file
-    and the overrides.
+    in it (finished runs are skipped), with the folder's options as the base, so ``--out DIR``
+    alone resumes it (an option that differs from the folder's is refused when the folder is
+    opened, :meth:`attnprune.results.ResultsDir.start`; :data:`RUN_CONTROL_KEYS` are not taken
+    over). Otherwise a new timestamped folder is made inside ``DIR``, unless ``--exact-out`` is
+    given. ``defaults`` (e.g. a preset) sit under the folder's options, the file and the
+    overrides.
     """
     opts = parse_overrides(argv)
     config_path = opts.pop("config", None)
@@ -228,11 +265,16 @@ def parse_command_line(argv: list[str], cls: type[T], default_out: str = "result
     if exact not in (True, False):
         exact = _coerce("exact_out", bool, exact)
     merged = dict(defaults or {})
+    out_path = Path(str(out))
+    resuming = (out_path / "config.yaml").is_file()
+    if resuming:
+        fields = {f.name for f in dataclasses.fields(cls) if f.init}
+        merged.update({k: v for k, v in read_yaml(out_path / "config.yaml").items()
+                       if k in fields and k not in RUN_CONTROL_KEYS})
     if config_path is not None:
         merged.update(read_yaml(str(config_path)))
     merged.update(opts)
     cfg = load_config(cls, None, merged)
-    out_path = Path(str(out))
-    if (out_path / "config.yaml").is_file():
+    if resuming:
         exact = True
     return CommandLine(cfg, out_path, bool(exact), None if config_path is None else str(config_path))

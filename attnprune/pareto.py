@@ -733,9 +733,7 @@ def main(argv: list[str]) -> int:
 
         print_help(__doc__, ParetoConfig)
         return 0
-    from pathlib import Path
-
-    from .config import ConfigError, parse_overrides, read_yaml
+    from .config import ConfigError
     from .distributed import launched
 
     if launched():
@@ -744,11 +742,9 @@ def main(argv: list[str]) -> int:
         raise ConfigError("pareto runs in one process: start it without torchrun / "
                           "accelerate launch (finetune is the multi-process command)")
 
-    # resuming a results folder: its saved config is the base, the given options go on top
-    out = parse_overrides(list(argv)).get("out")
-    saved = Path(str(out)) / "config.yaml" if isinstance(out, str) else None
-    defaults = read_yaml(saved) if saved is not None and saved.is_file() else None
-    cl = parse_command_line(argv, ParetoConfig, defaults=defaults)
+    # resuming a results folder: its saved config is the base (parse_command_line), and an
+    # option given that differs from it is refused (ResultsDir.start), --phase aside
+    cl = parse_command_line(argv, ParetoConfig)
     cfg = cl.config
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

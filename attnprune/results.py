@@ -7,7 +7,7 @@
 
 Every file is written to a temporary name in the same folder and renamed into place, so an
 interrupted run never leaves a half-written file; a rerun with the same folder skips the
-runs whose marker exists.
+runs whose marker exists, and is refused if its options differ from the folder's.
 """
 
 from __future__ import annotations
@@ -100,13 +100,35 @@ class ResultsDir:
     @classmethod
     def start(cls, out: str | os.PathLike, command: str, exact: bool, config: Any) -> ResultsDir:
         """Make (or reopen, with ``exact``) the results folder of ``command``, write its
-        resolved ``config.yaml`` and say where it is: the opening every command shares."""
+        resolved ``config.yaml`` and say where it is: the opening every command shares.
+
+        Reopening a folder that has a ``config.yaml`` resumes it: its finished runs are kept,
+        so ``config`` must be the folder's (:meth:`check_resume`, before any work), and its
+        config.yaml stays as it is."""
         from .config import dump_yaml
 
+        resuming = exact and (Path(out) / "config.yaml").is_file()
+        if resuming:
+            cls.check_resume(out, config)
         results = cls(make_run_dir(out, command, exact))
-        results.write_text("config.yaml", dump_yaml(config))
+        if not resuming:
+            results.write_text("config.yaml", dump_yaml(config))
         print(f"results: {results.path}")
         return results
+
+    @staticmethod
+    def check_resume(path: str | os.PathLike, config: Any) -> None:
+        """Refuse to resume the results folder ``path`` with options other than those in its
+        config.yaml (ConfigError naming each differing key, old → new): its finished runs
+        would be skipped and the new options written over theirs, mislabelling them."""
+        from .config import ConfigError, config_differences, read_yaml
+
+        diff = config_differences(read_yaml(Path(path) / "config.yaml"), config)
+        if diff:
+            keys = "; ".join(f"{k}: {old!r} → {new!r}" for k, (old, new) in diff.items())
+            raise ConfigError(f"out: {path} holds results of a different config (differing "
+                              f"keys: {keys}); rerun with the folder's options (--out alone) "
+                              "to resume, or give a new --out")
 
     # -- writers ---------------------------------------------------------------------------
     def _write_bytes(self, name: str, data: bytes) -> Path:

@@ -65,3 +65,42 @@ def test_report_embeds_figures_and_tables(tmp_path):
     with pytest.raises(ValueError, match="not a folder"):
         build(tmp_path / "missing")
     json.loads((tmp_path / "summary.json").read_text())
+
+
+def test_rerun_with_other_options_is_refused_naming_the_keys(tmp_path, capsys):
+    """A folder with finished runs, re-run with other options: refused before any work with
+    the differing keys named, config.yaml and summary.json left as they were (it used to
+    skip the finished run and write the new options over the folder's)."""
+    from attnprune import cli
+    from attnprune.config import ConfigError, parse_command_line
+    from attnprune.finetune import FinetuneConfig
+
+    out = tmp_path / "ft"
+    csv = tmp_path / "d.csv"
+    csv.write_text("text,label\n" + "".join(f"row {i},{i % 2}\n" for i in range(12)))
+    first = ["--data", f"csv:{csv}", "--epochs", "1", "--lr", "5e-5", "--seeds", "0"]
+    cfg = parse_command_line([*first, "--out", str(out), "--exact-out"], FinetuneConfig).config
+    ResultsDir.start(out, "finetune", True, cfg)
+    ResultsDir(out).save_run("full__seed0", {"label": "full", "seed": 0, "test": {"accuracy": 1.0}})
+    ResultsDir(out).write_json("summary.json", {"config": {"epochs": 1}})
+    before = {f: (out / f).read_bytes() for f in ("config.yaml", "summary.json")}
+
+    rc = cli.main(["finetune", *first, "--epochs", "3", "--lr", "1e-3", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "epochs: 1 → 3" in err and "lr: 5e-05 → 0.001" in err, err
+    assert "seeds" not in err and "data" not in err  # only the keys that differ
+    assert {f: (out / f).read_bytes() for f in before} == before
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "runs", "summary.json"]
+
+    # the folder's own options resume it: given again, or taken from it (--out alone); the
+    # options that only steer the run (progress bars) may differ
+    for argv in ([*first, "--out", str(out)], ["--out", str(out)],
+                 ["--out", str(out), "--progress", "false"]):
+        cl = parse_command_line(argv, FinetuneConfig)
+        assert cl.exact_out and cl.config.epochs == 1 and cl.config.data == f"csv:{csv}"
+        assert ResultsDir.start(cl.out, "finetune", cl.exact_out, cl.config).path == out
+    assert {f: (out / f).read_bytes() for f in before} == before
+    with pytest.raises(ConfigError, match=r"differing keys: keep_ratio: \[0.5\] → \[0.3\]"):
+        cl = parse_command_line(["--out", str(out), "--keep-ratio", "0.3"], FinetuneConfig)
+        ResultsDir.start(cl.out, "finetune", cl.exact_out, cl.config)

@@ -16,7 +16,7 @@ import resource
 import sys
 import time
 
-from ..config import ConfigError, dump_yaml, parse_command_line
+from ..config import dump_yaml, parse_command_line
 from ..results import ResultsDir, make_run_dir
 
 HELP = __doc__
@@ -48,18 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.precision == "bf16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         print("warning: precision: this CPU has no native bfloat16 matmuls, so bf16 training is "
               "emulated and may be slower than --precision fp32", file=sys.stderr)
+    if cmd.exact_out and (cmd.out / "config.yaml").is_file():
+        # Resuming: finished runs are reused only if they came from the same settings.
+        ResultsDir.check_resume(cmd.out, cfg)
     run_dir = make_run_dir(cmd.out, "reproduce synthetic", cmd.exact_out)
     results = ResultsDir(run_dir)
-    cfg_file = run_dir / "config.yaml"
-    if cfg_file.is_file():
-        # Resuming: finished runs are reused only if they came from the same settings.
-        from ..config import load_config
-
-        saved = load_config(SyntheticConfig, cfg_file)
-        if saved != cfg:
-            raise ConfigError(f"out: {run_dir} holds results of a different config; use a new "
-                              "--out, or the same options to resume")
-    else:
+    if not (run_dir / "config.yaml").is_file():
         results.write_text("config.yaml", dump_yaml(cfg))
     print(f"results → {run_dir}" + ("  (quick smoke run)" if quick else ""), flush=True)
     t0, c0 = time.perf_counter(), time.process_time()
