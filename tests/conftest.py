@@ -28,6 +28,17 @@ def require_shared_file(path) -> None:
     pytest.skip(f"shared data file not present: {path}")
 
 
+def require_module(name: str):
+    """``pytest.importorskip`` on a developer machine; under CI (``CI`` set), where the dev
+    extras are installed, a missing module fails the test instead of skipping it."""
+    if os.environ.get("CI"):
+        try:
+            return __import__(name)
+        except ImportError as e:
+            pytest.fail(f"{name} missing under CI (pip install -e '.[dev]'): {e}")
+    return pytest.importorskip(name)
+
+
 def record_calls(modules, fn, record):
     """Run ``fn()`` with a forward pre-hook on each of ``modules`` that appends
     ``record(i, args)`` for every call of module i; returns the list."""

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import require_module  # tests/ is on sys.path
 from transformers import BertConfig, BertForSequenceClassification
 
 import attnprune
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("onnxscript")
-pytest.importorskip("onnx")
+for _name in ("onnxruntime", "onnxscript", "onnx"):  # dev extras: under CI, missing fails
+    require_module(_name)
 
 from attnprune.deploy.onnx import export_onnx, onnx_session, run_onnx
 from attnprune.selection import budget
