@@ -301,7 +301,7 @@ def check_links(root: Path, files: list[Path]) -> tuple[list[Problem], list[str]
                     if anchor not in cache[dest]:
                         problems.append(Problem(rel, n, f"no heading for anchor #{anchor} in "
                                                 f"{dest_rel}"))
-    return problems, pending
+    return problems, list(dict.fromkeys(pending))
 
 
 # ---------------------------------------------------------------------------------------------
