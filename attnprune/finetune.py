@@ -15,7 +15,11 @@ For each seed and each keep ratio ρ (``--keep-ratio 0.3,0.5``), one run:
      regression: ``pearson``, ``spearman``, ``mse``), kept ratio, FLOPs counted by
      ``count_flops`` on every test batch for the pruned and the full model (same batches, same
      padding), wall time by ``time_interleaved`` (pruned and full round-robin) on the first
-     ``timing_batches`` batches, in one process.
+     ``timing_batches`` batches, in one process; and both again on ``timing_batches``
+     batches of the same rows sorted by length (``fair``: no padding for either model, as in
+     ``attnprune pareto``), since on the padded file-order batches a pruned model's row
+     bucketing drops padding the full model computes, which reads as pruning. summary.json:
+     ``flops.relative`` / ``time.relative`` (padded) beside ``relative_fair``.
 
 The full reference (label ``full``) is the ``--init-from`` model when given, else the same
 weights with the patch disabled (then its accuracy is not a trained full model: the summary
@@ -293,6 +297,32 @@ def _loader(split, tokenizer, batch_size: int, max_length: int, shuffle: bool, s
                       generator=g)
 
 
+def timing_batches(split, tokenizer, rows, batch_size: int, max_length: int,
+                   n_batches: int) -> dict[str, list[dict]]:
+    """Batches of the split's ``rows`` to measure FLOPs and time on, in two orders:
+
+    * ``fair``: the rows sorted by token count, so a batch holds rows of (nearly) one length
+      and no model pays for padding: the reference a user gets by sorting inputs, which a
+      pruned model's row bucketing (that drops padding too) cannot then claim as its saving;
+    * ``padded``: the rows as given (file order), each batch padded to its longest row.
+
+    ``n_batches`` of each, evenly spaced over the batches of ``batch_size`` rows (full ones
+    when there are any). Each batch holds the model inputs (:func:`attnprune.data.text.tokenize`:
+    ``input_ids``, ``attention_mask``, ``token_type_ids`` for pairs)."""
+    from .data.text import tokenize
+
+    rows = np.asarray(rows)
+    lengths = tokenize(tokenizer, split, rows, max_length)["attention_mask"].sum(1).numpy()
+    out = {}
+    for name, order in (("fair", rows[np.argsort(lengths, kind="stable")]), ("padded", rows)):
+        chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        chunks = [c for c in chunks if len(c) == batch_size] or chunks
+        pick = np.unique(np.linspace(0, len(chunks) - 1, min(n_batches, len(chunks))).round()
+                         .astype(int))
+        out[name] = [tokenize(tokenizer, split, chunks[i], max_length) for i in pick]
+    return out
+
+
 def _proxy_flops(cfg, batch_shape: tuple[int, int], padded_per_layer: list[float] | None) -> float:
     """Analytic forward FLOPs of the encoder layers: per layer and token 2·(4d² + 2·d·d_ff)
     for the linears plus 4·K·d for QKᵀ and AV (K the padded length the layer sees)."""
@@ -469,6 +499,49 @@ def _time(model, state, batches, repeats: int, full_model=None) -> dict:
             "relative": t.median_s / tf.median_s}
 
 
+def _fair(model, split, tokenizer, cfg: FinetuneConfig, full_model=None) -> dict | None:
+    """FLOPs and wall time of ``model`` relative to the full model on ``timing_batches``
+    batches of the scored test rows sorted by length (:func:`timing_batches`' ``fair``), so
+    that neither pays for padding. The test score's own ratios (``flops.relative``,
+    ``time.relative``) are on the padded file-order batches, where a pruned model's row
+    bucketing also drops the padding the full model computes, and so reads as pruning.
+    The full model is ``full_model`` or ``model`` with its patch disabled; None when there is
+    neither (nothing to compare)."""
+    state = api.patch_state(model)
+    if full_model is None and (state is None or not state.enabled):
+        return None
+    model.eval()
+    dev = next(model.parameters()).device
+    n = len(split) if cfg.max_test is None else min(len(split), cfg.max_test)
+    batches = [{k: v.to(dev) for k, v in b.items()}
+               for b in timing_batches(split, tokenizer, np.arange(n), cfg.eval_batch_size,
+                                       cfg.max_length, cfg.timing_batches)["fair"]]
+
+    def full_fwd(inp):
+        if full_model is not None:
+            return full_model(**inp)
+        state.enabled = False
+        try:
+            return model(**inp)
+        finally:
+            state.enabled = True
+
+    if full_model is not None:
+        full_model.to(dev).eval()
+    with torch.no_grad():
+        flops = sum(count_flops(lambda inp=inp: model(**inp)) for inp in batches)
+        flops_full = sum(count_flops(lambda inp=inp: full_fwd(inp)) for inp in batches)
+    t = _time(model, state, batches, cfg.timing_repeats, full_model)
+    return {"what": "length-sorted test batches: no padding for either model",
+            "batches": len(batches),
+            "tokens": int(sum(int(b["attention_mask"].sum()) for b in batches)),
+            "slots": int(sum(b["input_ids"].numel() for b in batches)),
+            "flops": flops, "full_flops": flops_full,
+            "flops_relative": flops / flops_full if flops_full else None,
+            "time_relative": t["relative"], "median_s": t["median_s"],
+            "full_median_s": t.get("full_median_s")}
+
+
 # ----------------------------------------------------------------------------- one run
 def _patch(model, cfg: FinetuneConfig, rho: float, tokenizer=None):
     if cfg.method == FULL:
@@ -590,6 +663,11 @@ def run(cfg: FinetuneConfig, results: ResultsDir) -> dict:
                           timing_repeats=cfg.timing_repeats, progress=cfg.progress, desc=f"{label} test",
                           full_model=full_model)
             results.save_predictions(label, seed, ev["y_true"], ev["y_pred"], ev["probs"])
+            # beside the padded ratios: the fair reference (length-sorted batches), measured by
+            # process 0 alone while the others wait
+            fair = distributed.on_main(_fair, model, data.test, tok, cfg, full_model)
+            if fair is not None:
+                ev["fair"] = fair
             if cfg.int8:
                 from .deploy import quantize_int8
 
@@ -684,7 +762,8 @@ def summarize(cfg: FinetuneConfig, results: ResultsDir) -> dict:
         if "int8" in r:
             entries.append((f"{r['label']}+int8", r["int8"]))
         if "reference" in r and r["reference"].get("what") is None:
-            entries.append((FULL, {**r["reference"], "flops": {"relative": 1.0}}))
+            entries.append((FULL, {**r["reference"], "flops": {"relative": 1.0},
+                                   "fair": {"flops_relative": 1.0, "time_relative": 1.0}}))
         for label, t in entries:
             by_label.setdefault(label, []).append({**t, "seed": r["seed"]})
             rows.append({"label": label, "seed": r["seed"],
@@ -693,7 +772,9 @@ def summarize(cfg: FinetuneConfig, results: ResultsDir) -> dict:
                          "kept_ratio": t.get("kept_ratio"),
                          "flops_relative": (t.get("flops") or {}).get("relative"),
                          "flops_proxy_relative": (t.get("flops") or {}).get("proxy_relative"),
-                         "time_relative": (t.get("time") or {}).get("relative")})
+                         "time_relative": (t.get("time") or {}).get("relative"),
+                         "flops_relative_fair": (t.get("fair") or {}).get("flops_relative"),
+                         "time_relative_fair": (t.get("fair") or {}).get("time_relative")})
     preds = _load_preds(results)
     for label, ts in by_label.items():
         seeds = sorted({t["seed"] for t in ts})
@@ -727,6 +808,14 @@ def summarize(cfg: FinetuneConfig, results: ResultsDir) -> dict:
         tm = [t.get("time") for t in ts if t.get("time")]
         if tm:
             entry["time"] = {k: _mean([t.get(k) for t in tm]) for k in ("median_s", "mad_s", "relative")}
+        # "relative": padded file-order test batches (the full model computes the padding a
+        # pruned model's row bucketing drops); "relative_fair": length-sorted batches, no
+        # padding for either (_fair), the saving of pruning alone
+        fair = [t["fair"] for t in ts if t.get("fair")]
+        if fair:
+            entry["flops"]["relative_fair"] = _mean([f.get("flops_relative") for f in fair])
+            entry.setdefault("time", {})["relative_fair"] = _mean([f.get("time_relative")
+                                                                   for f in fair])
         methods[label] = entry
     comparisons, skipped = _comparisons(cfg.seeds, preds, task)
     summary = {"command": "finetune", "env": env_info(), "config": to_dict(cfg), "task": task,
@@ -849,11 +938,14 @@ def main(argv: list[str]) -> int:
         ci = [nan if v is None else v for v in acc.get("ci95") or [nan, nan]]
         mcc = (e.get("mcc") or {}).get("mean")
         extra = f"  mcc {mcc:.4f}" if mcc is not None else ""
-        fl = (e.get("flops") or {}).get("relative")
-        tr = (e.get("time") or {}).get("relative")
+        def r3(x):
+            return x if x is None else round(x, 3)
+
+        fl, tr = (e.get("flops") or {}), (e.get("time") or {})
         print(f"{label:<40} {head} {acc.get('mean', nan):.4f} "
               f"[{ci[0]:.4f}, {ci[1]:.4f}]{extra}  kept {e['kept_ratio']:.3f}  "
-              f"FLOPs {fl if fl is None else round(fl, 3)}  time {tr if tr is None else round(tr, 3)}")
+              f"FLOPs {r3(fl.get('relative'))} (fair {r3(fl.get('relative_fair'))})  "
+              f"time {r3(tr.get('relative'))} (fair {r3(tr.get('relative_fair'))})")
     for c in summary["comparisons"]:
         if c["metric"] in (head, "mcc", "spearman"):
             print(f"{c['a']} vs {c['b']} (seed {c['seed']}): Δ{c['metric']} {c['diff']:+.4f} "

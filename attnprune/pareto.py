@@ -362,17 +362,12 @@ def _done(results: ResultsDir, label: str, seed: int, int8: bool) -> bool:
 # ----------------------------------------------------------------------------- phase 2
 def _timing_batches(split, tok, cfg: ParetoConfig, batch_size: int) -> dict[str, list[dict]]:
     """``fair``: batches of length-sorted test examples (no padding to speak of), and
-    ``padded``: batches in file order; ``timing_batches`` of each, evenly spaced."""
-    rows = _test_rows(split, cfg.max_test)
-    lengths = np.array([len(ids) for ids in tok([split.texts[i] for i in rows], truncation=True,
-                                                  max_length=cfg.max_length)["input_ids"]])
-    out = {}
-    for name, order in (("fair", rows[np.argsort(lengths, kind="stable")]), ("padded", rows)):
-        loader = list(_loader(split, tok, batch_size, cfg.max_length, order=order))
-        full = [b for b in loader if b["input_ids"].shape[0] == batch_size] or loader
-        pick = np.unique(np.linspace(0, len(full) - 1, min(cfg.timing_batches, len(full))).round().astype(int))
-        out[name] = [{k: full[i][k] for k in ("input_ids", "attention_mask")} for i in pick]
-    return out
+    ``padded``: batches in file order; ``timing_batches`` of each, evenly spaced
+    (:func:`attnprune.finetune.timing_batches`, which finetune's fair reference shares)."""
+    from .finetune import timing_batches
+
+    return timing_batches(split, tok, _test_rows(split, cfg.max_test), batch_size,
+                          cfg.max_length, cfg.timing_batches)
 
 
 def time_phase(cfg: ParetoConfig, results: ResultsDir, data) -> dict:

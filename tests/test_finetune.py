@@ -174,3 +174,38 @@ def test_finetune_attention_and_loss_methods(tiny, tmp_path, one_thread, method,
     labels = set(s["methods"])
     assert "full" in labels and any(lbl.startswith(method) for lbl in labels)
     assert any(c["metric"] == "accuracy" and c["a"].startswith(method) for c in s["comparisons"])
+
+
+@pytest.mark.slow
+def test_finetune_reports_fair_reference_beside_padded(tiny, tmp_path, capsys, one_thread):
+    """FLOPs and time against the full model on length-sorted batches (no padding for either)
+    beside the padded file-order ratios, where the pruned model's row bucketing drops padding
+    that the full model computes and so reads as pruning (pareto's fair reference)."""
+    # short and long rows mixed in file order: padded batches are about half padding
+    data = tmp_path / "mixed.csv"
+    rng = np.random.default_rng(1)
+    with data.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["text", "label"])
+        for i in range(90):
+            y = i % 3
+            filler = " ".join(rng.choice(["the", "it", "was", "very"], size=2 if i % 2 else 40))
+            w.writerow([f"{rng.choice(WORDS[y])} {filler}", y])
+    out = tmp_path / "fair"
+    assert main(args(tiny, out, "--method", "attention_mass", "--keep-ratio", "0.5",
+                     "--epochs", "1", "--timing-batches", "2", "--timing-repeats", "3",
+                     "--data", f"csv:{data}")) == 0
+    s = json.loads((out / "summary.json").read_text())
+    m = s["methods"]["attention_mass@0.5/L1"]
+    padded, fair = m["flops"]["relative"], m["flops"]["relative_fair"]
+    assert 0 < padded < 1 and 0 < fair < 1
+    assert fair > padded  # the padded ratio credited padding removal to pruning
+    assert m["time"]["relative_fair"] > 0 and m["time"]["relative"] > 0
+    (run,) = (out / "runs").glob("*.json")
+    rec = json.loads(run.read_text())["test"]
+    f = rec["fair"]
+    assert f["batches"] == 2 and f["flops_relative"] == pytest.approx(f["flops"] / f["full_flops"])
+    assert "(fair " in capsys.readouterr().out
+    row = next(r for r in csv.DictReader((out / "metrics.csv").open())
+               if r["label"] == "attention_mass@0.5/L1")
+    assert float(row["flops_relative_fair"]) == pytest.approx(fair)
