@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import copy
+import warnings
+from functools import partial
 
+import torch
 from torch import nn
 
 from . import registry
@@ -44,6 +47,7 @@ def patch(model: nn.Module, method: str, *, stack: bool = False, **options) -> n
         kept = dict(options)
     state = host.patch(model, spec, **options)
     state.requested, state.options, state.kind = method, kept, spec.kind
+    _watch_untrained(model, state)
     if below:
         for s in [*below, state]:
             if hasattr(s, "derive_token_mask"):  # the attention host (see attnprune.stack)
@@ -51,6 +55,58 @@ def patch(model: nn.Module, method: str, *, stack: bool = False, **options) -> n
         state = PatchStack([*below, state])
     object.__setattr__(model, _ATTR, state)
     return model
+
+
+class UntrainedMethodWarning(UserWarning):
+    """A learned token method kept every token because its decisions are untrained."""
+
+
+def _watch_untrained(model: nn.Module, state) -> None:
+    """The causal hosts' methods (ltp, dtr, hybrid on GPT-2 and Llama-family decoders) learn
+    their decisions and, freshly built, keep every token whatever ``keep_ratio`` says. Check
+    once, at the first eval forward, not here: a loader (``from_pretrained``,
+    ``bench lm``) patches first and puts the trained weights in after. The hook is a partial
+    over ``state``, so the host's unpatch removes it (``remove_state_hooks``)."""
+    if getattr(state, "method_module", None) is not None and getattr(state, "enabled", False):
+        model.register_forward_hook(partial(_untrained_check, state))
+
+
+def _untrained_check(state, module: nn.Module, args, output) -> None:
+    if module.training:  # training is what makes the decisions; wait for an eval forward
+        return
+    for key in [k for k, h in module._forward_hooks.items()  # once: remove this hook
+                if isinstance(h, partial) and h.func is _untrained_check and h.args[0] is state]:
+        del module._forward_hooks[key]
+    kept = state.stats.get("kept_per_layer") or [0.0]
+    if not state.enabled or min(kept) < 1.0 or not _decides_blindly(state, module):
+        return
+    target = "" if state.keep_ratio is None else f", so keep_ratio={state.keep_ratio} is only its training target"
+    warnings.warn(
+        f"{state.requested!r} kept every token: {state.method} learns which tokens to drop and "
+        f"its decisions are untrained (the same for every input){target}. Train it first (`attnprune lm "
+        f"--method {state.requested}`, or your loop adding attnprune.aux_loss(model)) or load "
+        f"trained weights; to prune long prompts without training use "
+        f"attnprune.prefill.generate(model, input_ids, attention_mask, keep=...)",
+        UntrainedMethodWarning, stacklevel=2)
+
+
+@torch.no_grad()
+def _decides_blindly(state, model: nn.Module) -> bool:
+    """True if the method keeps every token of random inputs at every decision layer with
+    scores that do not depend on the input (a fresh LTP's w = 0, a fresh DTR policy's W2 = 0)."""
+    method = state.method_module
+    p = next(method.parameters(), None)
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if p is None or embeddings is None:
+        return False
+    d = embeddings.embedding_dim
+    x = torch.randn(2, 32, d, generator=torch.Generator().manual_seed(0)).to(p)
+    mask = torch.ones(2, 32, dtype=torch.bool, device=p.device)
+    for layer in state.layers:
+        sel = method(x, mask, keep_ratio=state.keep_ratio, layer=layer)
+        if not bool(sel.keep.all()) or sel.scores is None or float(sel.scores.amax() - sel.scores.amin()) > 1e-6:
+            return False
+    return True
 
 
 def unpatch(model: nn.Module) -> nn.Module:

@@ -171,7 +171,7 @@ class Prefilled:
     decoder: object = field(repr=False)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def prefill(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None,
             config: PrefillConfig | None = None, max_new_tokens: int = 0, **options) -> Prefilled:
     """Run the prompt (B, L) (left padded; ``attention_mask`` 1 = real) with pruning.
@@ -210,7 +210,7 @@ def prefill(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None =
                      groups=groups, keys=keys, positions=positions[:, -1] + 1, decoder=dec)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def decode(state: Prefilled, ids: Tensor) -> Tensor:
     """One decode step: the next tokens ``ids`` (B, 1) through the pruned cache; returns their
     logits (B, V) and advances ``state`` (cache, key masks, positions)."""
@@ -235,7 +235,7 @@ class Generation:
     scores: Tensor
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None,
              max_new_tokens: int = 16, **options) -> Generation:
     """Greedy generation after a pruned prefill (``options``: :class:`PrefillConfig`'s fields).

@@ -57,6 +57,20 @@ def test_window_scores_equal_the_models_own_attention(family):
         assert torch.allclose(got[b], want, atol=1e-5)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_prefill_scores_with_layer_K(method):
+    """The scores a prefill ranks by are layer K's attention (K = ``layer``), for both methods."""
+    model = tiny("llama")
+    model.set_attn_implementation("eager")
+    ids, mask = left_padded([20, 13])
+    pos = (mask.cumsum(1) - 1).clamp_min(0)
+    A = model(ids, attention_mask=mask, position_ids=pos, output_attentions=True).attentions[3]
+    st = P.prefill(model, ids, mask, keep=0.5, method=method, layer=3, window=4)
+    for b in range(2):
+        want = A[b, :, -4:][:, mask[b, -4:].bool()].mean(dim=(0, 1)) * mask[b]
+        assert torch.allclose(st.scores[b], want, atol=1e-5)
+
+
 # -- kept positions -------------------------------------------------------------------------------
 @pytest.mark.parametrize("keep", [0.3, 0.5, 5, 9])
 def test_sinks_and_window_always_kept_then_top_scores(keep):
