@@ -162,13 +162,19 @@ def test_plan_reuses_main_runs_for_ablation_cells():
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether a live process (zombies aside: a container's PID 1 may not reap them) is in
+    the process group ``pgid``."""
     import os
 
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    import psutil
+
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return False
 
 
 @pytest.mark.slow
@@ -225,3 +231,48 @@ def test_one_ctrl_c_stops_cleanly_keeps_finished_runs_and_no_process(tmp_path):
     assert not _group_alive(p.pid), subprocess.run(
         ["ps", "-o", "pid,ppid,pgid,cmd", "-g", str(p.pid)], capture_output=True, text=True,
         check=False).stdout
+
+
+def test_training_worker_ignores_ctrl_c_and_dies_with_its_parent(tmp_path):
+    """A worker (set up by ``_worker_init``) leaves Ctrl-C to its parent, and ends when the
+    parent is killed outright instead of training on as an orphan (parent PID 1)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    ready = tmp_path / "ready"
+    script = f"""
+import multiprocessing, os, pathlib, sys, time
+from attnprune.synthetic.run import _worker_init
+
+def worker(parent):
+    _worker_init(1, parent)
+    pathlib.Path({str(ready)!r}).write_text(str(os.getpid()))
+    time.sleep(600)  # a long training run
+
+p = multiprocessing.get_context("fork").Process(target=worker, args=(os.getpid(),))
+p.start()
+time.sleep(600)
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    parent = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (ready.is_file() and ready.read_text()):
+            assert parent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        child = int(ready.read_text())
+        os.kill(child, signal.SIGINT)  # ignored: the parent decides
+        time.sleep(0.5)
+        os.kill(child, 0)  # still alive
+        parent.kill()  # SIGKILL: no handler of the parent's runs
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while _group_alive(parent.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _group_alive(parent.pid), "the worker outlived its parent"
+    finally:
+        if _group_alive(parent.pid):
+            os.killpg(parent.pid, signal.SIGKILL)
