@@ -124,6 +124,7 @@ class LMConfig:
     bench_repeats: int = 5
     lengths: tuple[int, ...] = ()  # sequence lengths for the perplexity / FLOPs sweeps
     threads: int = 0  # torch threads; 0 = leave torch's default
+    device: str = "auto"  # "auto": cuda when torch sees a GPU, else cpu; or "cpu", "cuda[:i]"
     # A sweep (see run_sweep): a YAML mapping of method options to lists of values, e.g.
     # "{keep_target: [0.4, 0.6, 0.8]}"; every combination is one run, fine-tuned from ``init``
     # next to an unpruned control, for each of ``seeds`` (default: ``seed``).
@@ -131,6 +132,8 @@ class LMConfig:
     seeds: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            raise ValueError(f"device: 'auto', 'cpu' or 'cuda[:i]', got {self.device!r}")
         if self.preset not in PRESETS and self.preset != "none":
             raise ValueError(f"preset: must be one of {', '.join(PRESETS)} or none, got {self.preset!r}")
         for name in ("n_layer", "n_head", "n_embd", "context", "batch_size", "grad_accum",
@@ -385,7 +388,8 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     total, n, kept, n_kept = 0.0, 0, None, 0
     per_window = []
     for i in range(0, len(x), batch_size):
-        xb, yb = x[i : i + batch_size], y[i : i + batch_size]
+        dev = _device_of(model)
+        xb, yb = x[i : i + batch_size].to(dev), y[i : i + batch_size].to(dev)
         logits = model(xb).logits
         ce = F.cross_entropy(logits.flatten(0, 1).float(), yb.flatten(), reduction="none").view(yb.shape)
         per_window.append(ce.mean(1))
@@ -459,7 +463,9 @@ def generate(model: nn.Module, prompt: torch.Tensor, n_new: int, temperature: fl
             nxt = last.argmax(-1, keepdim=True)
         else:
             probs = torch.softmax(last / temperature, -1)
-            nxt = torch.multinomial(probs, 1, generator=generator)
+            if generator is not None and generator.device != probs.device:
+                probs = probs.cpu()  # a CPU generator (the seeds' stream) draws on the CPU
+            nxt = torch.multinomial(probs, 1, generator=generator).to(ids.device)
         ids = torch.cat([ids, nxt], 1)
     return ids[:, prompt.shape[1] :]
 
@@ -508,6 +514,7 @@ def measure_costs(model: nn.Module, x: torch.Tensor, cfg: LMConfig, kept: list[f
     """FLOPs (measured and effective), wall time and generation throughput, pruned vs full."""
     model.eval()
     token_method = hasattr(api.patch_state(model), "enabled")  # our causal host
+    x = x.to(_device_of(model))
     fwd = lambda: model(x)
     res: dict = {}
     with torch.no_grad():
@@ -530,7 +537,7 @@ def measure_costs(model: nn.Module, x: torch.Tensor, cfg: LMConfig, kept: list[f
     res["time"] = {"median_s": t_pr.median_s, "mad_s": t_pr.mad_s, "relative": t_pr.median_s / t_full.median_s,
                    "full_median_s": t_full.median_s, "full_mad_s": t_full.mad_s, "threads": t_pr.threads}
     if cfg.gen_tokens:
-        prompt = data.val[: min(16, cfg.context // 2)][None]
+        prompt = data.val[: min(16, cfg.context // 2)][None].to(x.device)
         out = {}
         for label, on in (("full", False), ("pruned", True)):
             _set_enabled(model, on)
@@ -560,7 +567,7 @@ def length_sweep(model: nn.Module, data: LMData, cfg: LMConfig) -> list[dict]:
     for T in cfg.lengths:
         x, y = eval_windows(data.val, cfg.eval_windows, T)
         ev = evaluate(model, x, y)
-        xb = x[: min(8, len(x))]
+        xb = x[: min(8, len(x))].to(_device_of(model))
         with torch.no_grad():
             _set_enabled(model, False)
             full, per = count_flops(model, xb, by_module=True)
@@ -630,6 +637,7 @@ def train(model, data: LMData, cfg: LMConfig, rd: ResultsDir, history: list[dict
             tot_loss = 0.0
             for _ in range(cfg.grad_accum):
                 x, _ = batch(data.train, cfg.batch_size, cfg.context, gen)
+                x = x.to(_device_of(model))
                 if k > 1:
                     x = x.repeat_interleave(k, 0)
                 # labels=x: HF shifts inside; the hook sees them for the policy's reward.
@@ -660,6 +668,20 @@ def train(model, data: LMData, cfg: LMConfig, rd: ResultsDir, history: list[dict
     return history
 
 
+def resolve_device(device: str) -> torch.device:
+    """``device`` of the config: "auto" is CUDA when torch sees a GPU (training, evaluation
+    and timing run there; batches are drawn on the CPU and moved), else the CPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device: cuda asked for, but torch sees no CUDA device")
+    return torch.device(device)
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 def run_lm(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
     """The whole ``attnprune lm`` run; returns the results folder."""
     if cfg.threads:
@@ -674,6 +696,8 @@ def run_lm(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
     model = build_model(cfg, data.vocab_size)
     if cfg.init:
         load_weights(model, cfg.init)
+    device = resolve_device(cfg.device)
+    model.to(device)  # before the patch: the method follows the model's device
     label = "full" if cfg.method == "none" else cfg.method
     baseline_eval = None
     vx, vy = eval_windows(data.val, cfg.eval_windows, cfg.context)
@@ -684,7 +708,7 @@ def run_lm(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
     history = rd.read_json("history.json") if (rd.path / "history.json").is_file() else []
     teacher = None
     if cfg.distill_weight > 0:
-        teacher = load_teacher(cfg, data.vocab_size, cfg.distill_from)
+        teacher = load_teacher(cfg, data.vocab_size, cfg.distill_from).to(device)
     history = train(model, data, cfg, rd, history, teacher)
     del teacher
     save_weights(model, rd.path / "model.safetensors")  # what ``--init`` reads
@@ -707,7 +731,7 @@ def run_lm(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
         methods["baseline"] = {"perplexity": baseline_eval["perplexity"], "val_loss": baseline_eval["loss"]}
         entry["perplexity_relative"] = ev["perplexity"] / baseline_eval["perplexity"]
         comparisons.append(_paired_loss(label, ev["per_window"], "baseline", baseline_eval["per_window"]))
-    summary = {"command": "lm", "env": env_info(), "data": cfg.data, "methods": methods,
+    summary = {"command": "lm", "env": env_info(device), "data": cfg.data, "methods": methods,
                "comparisons": comparisons, "length_sweep": sweep,
                "n_parameters": sum(p.numel() for p in model.parameters())}
     rd.write_json("summary.json", summary)

@@ -84,6 +84,7 @@ class Timing:
     warmup: int
     threads: int
     times_s: tuple[float, ...]
+    device: str = "cpu"  # what ran: "cpu", or the accelerator synchronised around each call
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -91,26 +92,61 @@ class Timing:
         return d
 
 
+def accelerator() -> str | None:
+    """The accelerator this process has started using ("cuda", "mps"), or None (CPU only).
+
+    "Started": CUDA initialised (a tensor or model was moved there). A process that never
+    touched the GPU times CPU work and needs no synchronisation."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return "cuda"
+    if torch.backends.mps.is_available() and torch.mps.current_allocated_memory() > 0:
+        return "mps"
+    return None
+
+
+def synchronize(device: str | None = None) -> None:
+    """Wait for the accelerator's queued work (nothing on the CPU). Kernels run
+    asynchronously: without this, a timer around a GPU forward measures the launches only
+    (an 8192² matmul timed at 24 µs)."""
+    device = accelerator() if device is None else device
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elif device == "mps":
+        torch.mps.synchronize()
+
+
+def _device_label(device: str | None) -> str:
+    if device == "cuda":
+        return f"cuda ({torch.cuda.get_device_name()})"
+    return device or "cpu"
+
+
 def time_fn(fn: Callable[[], Any], repeats: int = 10, warmup: int = 2) -> Timing:
     """Time ``fn()``: ``warmup`` runs discarded, then median and MAD of ``repeats`` runs.
 
     MAD is the median absolute deviation from the median (unscaled). Call it for the full
-    model and the pruned model in the same process, and report their ratio.
+    model and the pruned model in the same process, and report their ratio. On an
+    accelerator (:func:`accelerator`) the device is synchronised before the clock starts
+    and before it stops, so each time covers the work, not its launch.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be ≥ 1, got {repeats}")
     if warmup < 0:
         raise ValueError(f"warmup must be ≥ 0, got {warmup}")
+    device = accelerator()
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
+        synchronize(device)
         t0 = time.perf_counter()
         fn()
+        synchronize(device)
         times.append(time.perf_counter() - t0)
     med = statistics.median(times)
     mad = statistics.median(abs(t - med) for t in times)
-    return Timing(med, mad, repeats, warmup, torch.get_num_threads(), tuple(times))
+    return Timing(med, mad, repeats, warmup, torch.get_num_threads(), tuple(times),
+                  _device_label(device))
 
 
 def time_interleaved(fns: Mapping[str, Callable[[], Any]], repeats: int = 10,
@@ -123,6 +159,8 @@ def time_interleaved(fns: Mapping[str, Callable[[], Any]], repeats: int = 10,
     ``time.process_time`` counts this process's CPU time instead, which on an oversubscribed
     machine leaves out the time spent waiting for a core (meaningful with one thread).
 
+    On an accelerator (:func:`accelerator`) each call is bracketed by device synchronisation.
+
     Written here because timing libraries (``timeit``, ``torch.utils.benchmark``) time one
     statement at a time, which puts each candidate in a different stretch of a noisy machine.
     """
@@ -131,6 +169,7 @@ def time_interleaved(fns: Mapping[str, Callable[[], Any]], repeats: int = 10,
     if warmup < 0:
         raise ValueError(f"warmup must be ≥ 0, got {warmup}")
     names = list(fns)
+    device = accelerator()
     for name in names:
         for _ in range(warmup):
             fns[name]()
@@ -138,14 +177,17 @@ def time_interleaved(fns: Mapping[str, Callable[[], Any]], repeats: int = 10,
     for r in range(repeats):
         for i in range(len(names)):
             name = names[(i + r) % len(names)]
+            synchronize(device)
             t0 = clock()
             fns[name]()
+            synchronize(device)
             times[name].append(clock() - t0)
     out = {}
     for name, t in times.items():
         med = statistics.median(t)
         mad = statistics.median(abs(v - med) for v in t)
-        out[name] = Timing(med, mad, repeats, warmup, torch.get_num_threads(), tuple(t))
+        out[name] = Timing(med, mad, repeats, warmup, torch.get_num_threads(), tuple(t),
+                           _device_label(device))
     return out
 
 
@@ -188,13 +230,24 @@ def peak_memory(fn: Callable[[], Any], interval_s: float = 2e-4) -> int:
     return int(max(peak - base, py_peak, 0))
 
 
-def env_info() -> dict:
-    """The environment block of ``summary.json``."""
+def env_info(device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> dict:
+    """The environment block of ``summary.json``: versions, threads, and the device (and
+    dtype, when given) that ran. ``device`` None: the accelerator this process used
+    (:func:`accelerator`), else "cpu"; a CUDA device is named with its card."""
     import platform
 
-    return {
+    import transformers
+
+    dev = str(device) if device is not None else (accelerator() or "cpu")
+    info = {
         "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "threads": torch.get_num_threads(),
-        "device": "cpu",
+        "device": dev,
         "python": platform.python_version(),
     }
+    if dev.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    if dtype is not None:
+        info["dtype"] = str(dtype).removeprefix("torch.")
+    return info

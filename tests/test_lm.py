@@ -266,3 +266,18 @@ def test_distillation_from_the_sweep_control(corpus, tmp_path, monkeypatch):
 def test_distillation_config_errors_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field):
         load_config(LMConfig, None, override)
+
+
+def test_lm_device_option(monkeypatch):
+    """``device``: auto is CUDA where torch sees one (training runs there), else the CPU;
+    a wrong name or a missing GPU is refused naming the field."""
+    import attnprune.lm as lm_mod
+
+    with pytest.raises(ValueError, match="device"):
+        lm_mod.LMConfig(device="tpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert lm_mod.resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match="device: cuda"):
+        lm_mod.resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert lm_mod.resolve_device("auto") == torch.device("cuda")

@@ -37,7 +37,7 @@ def test_time_fn_contract():
     assert t.median_s >= 0 and t.mad_s >= 0 and t.threads == torch.get_num_threads()
     with pytest.raises(ValueError, match="repeats"):
         time_fn(lambda: None, repeats=0)
-    assert set(env_info()) == {"torch", "threads", "device", "python"}
+    assert set(env_info()) == {"torch", "transformers", "threads", "device", "python"}
 
 
 def test_peak_memory_sees_a_large_tensor_each_time():
@@ -74,3 +74,40 @@ def test_time_interleaved_ranks_a_slow_callable_slower():
     out = time_interleaved({"fast": lambda: None, "slow": lambda: _time.sleep(0.005)},
                            repeats=5, warmup=0)
     assert out["slow"].median_s > out["fast"].median_s + 0.004
+
+
+def test_timers_synchronise_an_accelerator(monkeypatch):
+    """On CUDA a timer must wait for the queued kernels. Mock device: launching returns at
+    once and the work (20 ms) is done when torch.cuda.synchronize() is called; a timer that
+    does not synchronise measures the launch (~0 ms) and fails here."""
+    import time
+
+    from attnprune import measure
+
+    pending = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Mock GPU")
+
+    def sync(*a):
+        while pending:
+            time.sleep(pending.pop())
+
+    monkeypatch.setattr(torch.cuda, "synchronize", sync)
+
+    def launch():  # an asynchronous kernel launch: returns before the work is done
+        pending.append(0.02)
+
+    t = measure.time_fn(launch, repeats=3, warmup=1)
+    assert t.median_s >= 0.018 and t.device == "cuda (Mock GPU)"
+    both = measure.time_interleaved({"a": launch, "b": launch}, repeats=3, warmup=1)
+    assert min(x.median_s for x in both.values()) >= 0.018
+    env = measure.env_info(dtype=torch.bfloat16)
+    assert env["device"] == "cuda" and env["gpu"] == "Mock GPU" and env["dtype"] == "bfloat16"
+
+
+def test_cpu_timing_records_the_cpu():
+    from attnprune import measure
+
+    assert measure.time_fn(lambda: None, repeats=2, warmup=0).device == "cpu"
+    assert measure.env_info()["device"] == "cpu"

@@ -60,6 +60,44 @@ def remove_state_hooks(model: nn.Module, state: PatchState) -> None:
                 del hooks[key]
 
 
+# Attention back-ends the token hosts serve: both hand the layers a 4-D mask (bool or
+# additive) that the hosts read and rebuild for the shortened batch; attnprune's own attention
+# (hf_attention, registered with the SDPA mask) does too. flash_attention_2/3 take a 2-D mask
+# or packed sequences, flex_attention a BlockMask: the gathered batch would need its own.
+TOKEN_ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "attnprune_attention")
+
+
+def check_attn_implementation(config, host: str) -> None:
+    """ValueError naming the supported back-ends when the model's ``attn_implementation`` is
+    one the token hosts cannot serve (checked at patch time and at every forward: it can be
+    switched with ``set_attn_implementation`` after patching)."""
+    impl = getattr(config, "_attn_implementation", None)
+    if impl is not None and impl not in TOKEN_ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"attn_implementation: {host} token pruning supports "
+            f"{', '.join(repr(i) for i in TOKEN_ATTN_IMPLEMENTATIONS[:2])} (and attnprune's own "
+            f"attention methods), not {impl!r}; load the model with "
+            f"attn_implementation=\"sdpa\" or call model.set_attn_implementation(\"sdpa\")")
+
+
+def refuse_output_flags(config, kwargs: dict, host: str) -> None:
+    """ValueError when a forward of a token-pruned model asks for ``output_hidden_states`` or
+    ``output_attentions`` (in its arguments or its config): the layers after a pruning step
+    run on fewer tokens, so per-layer states of varying widths (and no attentions from the
+    fused kernel) would reach code that expects (B, L, d) tensors, wrong or crashing later.
+    The message says how to get them: the unpruned forward."""
+    for flag in ("output_hidden_states", "output_attentions"):
+        value = kwargs.get(flag)
+        if value is None:
+            value = getattr(config, flag, False)
+        if value:
+            raise ValueError(
+                f"{flag}: a token-pruned model ({host}) cannot return per-layer "
+                f"{flag.removeprefix('output_')}: its later layers run on the kept tokens only. "
+                f"Run that forward unpruned (attnprune.patch_state(model).enabled = False, or "
+                f"attnprune.unpatch(model)); the pruned forward returns the last hidden state")
+
+
 METHOD_MODULE = "attnprune_method"  # the submodule name a host gives the method module
 
 

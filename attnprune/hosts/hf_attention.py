@@ -576,8 +576,9 @@ def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPa
             f"{type(model).__name__}; pass ffn_modules=(name suffixes,) for this model"
         )
     param = next(model.parameters(), None)
-    if param is not None:
-        method.to(device=param.device)
+    if param is not None:  # the model's dtype too: fp32 factors on a bf16 model made CUDA's
+        # layer_norm refuse the mixed dtypes (the CPU kernel accepts them, so CPU runs missed it)
+        method.to(device=param.device, dtype=param.dtype)
     method.train(model.training)  # follow the model's mode (model.eval() came before the patch)
     adapter = ADAPTERS.get(fam.scores)
     previous = None if adapter else (model.config._attn_implementation or "eager")

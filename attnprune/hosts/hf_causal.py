@@ -69,7 +69,13 @@ from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttenti
 
 from .. import registry
 from ..selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
-from . import PatchState, register_host, remove_state_hooks
+from . import (
+    PatchState,
+    check_attn_implementation,
+    refuse_output_flags,
+    register_host,
+    remove_state_hooks,
+)
 
 __all__ = ["CausalPatchState", "PrunedGPT2Model", "causal_methods"]
 
@@ -527,7 +533,12 @@ def patch_causal(model: nn.Module, inner: nn.Module, spec, pruned: type, label: 
     bad = [l for l in module.layers if not 1 <= l < n_layers]
     if bad:
         raise ValueError(f"layers: decision layers must be in 1..{n_layers - 1}, got {bad}")
-    module.to(next(inner.parameters()).device)
+    check_attn_implementation(inner.config, label)
+    param = next(inner.parameters())
+    # The model's device and dtype: a model loaded in bf16 and patched afterwards (the usual
+    # order) runs the method in bf16 too (before: fp32 method weights on bf16 states raised
+    # "mat1 and mat2 must have the same dtype"). Integer and bool buffers keep their dtype.
+    module.to(device=param.device, dtype=param.dtype)
     module.train(inner.training)  # follow the model's mode (model.eval() came before the patch)
     on = bool(enabled) and keep_ratio != 1.0
     state = CausalPatchState(name, module, module.layers, keep_ratio, on, bucket_rows)
@@ -537,7 +548,16 @@ def patch_causal(model: nn.Module, inner: nn.Module, spec, pruned: type, label: 
     inner.__class__ = pruned_class(type(inner), pruned)
     if inner is not model:
         state._hook = model.register_forward_hook(partial(_policy_hook, state), with_kwargs=True)
+    inner.register_forward_pre_hook(partial(_check_call, state), with_kwargs=True)
     return state
+
+
+def _check_call(state: CausalPatchState, module, args, kwargs) -> None:
+    """Forward pre-hook on the inner model: refuse what the pruned block loop cannot honour
+    (per-layer output flags while pruning; an attention back-end switched after patching)."""
+    check_attn_implementation(module.config, type(module).__name__)
+    if state.enabled and state.layers:
+        refuse_output_flags(module.config, kwargs, "causal host")
 
 
 _CLASSES: dict[tuple[type, type], type] = {}

@@ -103,6 +103,7 @@ of a batch whose lengths change between its layers.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -114,10 +115,18 @@ from torch import Tensor, nn
 from .. import registry
 from ..methods.base import protect_first, protect_special
 from ..selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
-from . import PatchState, add_method_module, register_host, remove_method_module, remove_state_hooks
+from . import (
+    PatchState,
+    add_method_module,
+    check_attn_implementation,
+    refuse_output_flags,
+    register_host,
+    remove_method_module,
+    remove_state_hooks,
+)
 
-__all__ = ["GROUP_OVERHEAD_PER_THREAD", "GROUP_OVERHEAD_TOKENS", "HFEncoderState", "group_overhead_tokens",
-           "parse_schedule", "patch_hf_encoder"]
+__all__ = ["GROUP_OVERHEAD_PER_THREAD", "GROUP_OVERHEAD_TOKENS", "HFEncoderState", "LazyStats",
+           "group_overhead_tokens", "parse_schedule", "patch_hf_encoder", "sync_free"]
 
 # Cost of one more group of rows, in token slots per layer (the c of selection.row_groups):
 # c = GROUP_OVERHEAD_PER_THREAD · (torch threads), unless GROUP_OVERHEAD_TOKENS is set.
@@ -257,21 +266,43 @@ def _key_mask(mask4d: Tensor | None, B: int, L: int, device) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- the state
+class _Call:
+    """One forward's own data: what the hooks capture and the loop reads back within the same
+    call. It lives on the thread that runs the forward (``state._local.call``), never on the
+    shared state, so one patched model serves several threads (a web server's pool): two
+    concurrent calls never read each other's labels, token ids, q/k projections or tables."""
+
+    def __init__(self, labels: Tensor | None = None, inputs: tuple | None = None) -> None:
+        self.labels = labels  # the sequence labels of this forward (training losses)
+        self.inputs = inputs  # (input_ids, token_type_ids), to find the separators
+        self.want: nn.Module | None = None  # the query linear whose layer is being scored
+        self.captured: dict[str, Tensor] = {}  # its q and k projections
+        self.family_cache: dict = {}  # per-forward tables of the family (hf_encoder_families)
+        self.family_index: Tensor | None = None
+        self.family_positions: Tensor | None = None
+        self.aux_losses: list[Tensor] = []
+        self.scorer_time_s = self.select_time_s = self.gather_time_s = 0.0
+
+
 class HFEncoderState(PatchState):
-    """What the patch leaves on the model: the schedule, the hooks, per-forward stats.
+    """What the patch leaves on the model: the schedule, the hooks, the last forward's stats.
 
     ``stats`` after each forward: ``real_tokens`` (sum of real tokens in the batch),
     ``kept_per_layer`` (real tokens entering each layer, summed over the batch; soft mask sums
     in training), ``padded_per_layer`` (B·K_l, what the layer computes), ``kept_ratio``
     (Σ_l kept_l / (n_layers · real_tokens): the share of token-layer work done).
     ``kept_per_layer`` and ``padded_per_layer`` are summed over row groups when bucketing.
+    On the sync-free path (:func:`sync_free`) the counts stay on the device until ``stats`` is
+    read (:class:`LazyStats`); under ``torch.compile`` / export ``stats`` is empty. With
+    several threads, ``stats`` and ``aux_losses`` are those of the call that finished last.
     ``enabled = False`` runs the stock encoder (used to time the full model in one process);
     ``bucket_rows`` may be switched between forwards.
     """
 
     def __init__(self, method: str, module: nn.Module, encoder: nn.Module, layers, qk,
                  schedule: tuple[float, ...], keep_ratio: float, config, family: str,
-                 output: str, soft_mode: str, bucket_rows: bool = True) -> None:
+                 output: str, soft_mode: str, bucket_rows: bool = True,
+                 sync_free: bool | None = None) -> None:
         super().__init__(method, module)
         self.encoder = encoder
         self.layers = layers
@@ -284,12 +315,84 @@ class HFEncoderState(PatchState):
         self.soft_mode = soft_mode
         self.enabled = True
         self.bucket_rows = bucket_rows
-        self.labels: Tensor | None = None
+        self.sync_free = sync_free  # None: by device (:func:`sync_free`)
         self.protect_ids: tuple[int, ...] = ()  # token ids kept like CLS (separators)
-        self.inputs: tuple | None = None  # (input_ids, token_type_ids) of this forward
-        self.scorer_time_s = 0.0  # wall time spent computing attention probabilities, last forward
-        self._captured: dict[str, Tensor] = {}
+        self._protect_tensors: dict = {}  # protect_ids as a tensor per device (no copy per call)
         self._handles: list = []
+        self._local = threading.local()  # .call: the running forward's _Call, per thread
+
+    @property
+    def anatomy(self):
+        """The family's :class:`~attnprune.hosts.hf_encoder_families.Anatomy`, looked up by
+        name: the table's functions (lambdas among them) never enter a pickle of the model.
+        Setting it (tests swap a step) overrides the table for this state."""
+        override = self.__dict__.get("_anatomy")
+        if override is not None:
+            return override
+        from .hf_encoder_families import ANATOMIES
+
+        return ANATOMIES[self.family]
+
+    @anatomy.setter
+    def anatomy(self, value) -> None:
+        self.__dict__["_anatomy"] = value
+
+    # -- per-call data (on the calling thread) --------------------------------------------
+    def call(self) -> _Call:
+        """The running forward's :class:`_Call` on this thread (a new one if none runs)."""
+        call = getattr(self._local, "call", None)
+        if call is None:
+            call = self._local.call = _Call()
+        return call
+
+    # The family anatomies (hf_encoder_families) read and write these as state attributes;
+    # they are the running call's.
+    @property
+    def family_cache(self) -> dict:
+        return self.call().family_cache
+
+    @family_cache.setter
+    def family_cache(self, value: dict) -> None:
+        self.call().family_cache = value
+
+    @property
+    def family_index(self) -> Tensor | None:
+        return self.call().family_index
+
+    @family_index.setter
+    def family_index(self, value: Tensor | None) -> None:
+        self.call().family_index = value
+
+    @property
+    def family_positions(self) -> Tensor | None:
+        return self.call().family_positions
+
+    @family_positions.setter
+    def family_positions(self, value: Tensor | None) -> None:
+        self.call().family_positions = value
+
+    def protect_tensor(self, device) -> Tensor | None:
+        """``protect_ids`` as a long tensor on ``device``, made once: building it in every
+        forward would copy host → device, which waits for the device."""
+        if not self.protect_ids:
+            return None
+        key = str(device)
+        t = self._protect_tensors.get(key)
+        if t is None:
+            t = self._protect_tensors[key] = torch.tensor(self.protect_ids, dtype=torch.long,
+                                                          device=device)
+        return t
+
+    # -- copies and pickles: a thread-local cannot be copied; each copy gets its own -------
+    def __getstate__(self) -> dict:
+        d = self.__dict__.copy()
+        d.pop("_local", None)
+        d["_protect_tensors"] = {}
+        return d
+
+    def __setstate__(self, d: dict) -> None:
+        self.__dict__.update(d)
+        self._local = threading.local()
 
     def unpatch(self, model: nn.Module) -> None:
         for h in self._handles:
@@ -301,7 +404,7 @@ class HFEncoderState(PatchState):
         remove_method_module(model, self.modules)
 
     # -- attention probabilities for the scorer -------------------------------------------
-    def _attention(self, layer: int, keymask_add: Tensor, rows: str, mask: Tensor) -> Tensor:
+    def _attention(self, run: _Pass, layer: int, keymask_add: Tensor, mask: Tensor) -> Tensor:
         """Attention probabilities of layer ``layer`` from the captured q, k projections, in
         the form the method declares (``attention_rows``):
 
@@ -312,9 +415,12 @@ class HFEncoderState(PatchState):
           400 MB, and writing it cost 15–27 % of the pruned forward, measured);
         * "all": every row, (B, H, L, L).
 
-        ``keymask_add`` (B, L) is the additive key bias (padding, soft masks)."""
-        t0 = time.perf_counter()
-        q, k = self._captured.pop("q"), self._captured.pop("k")  # (B, L, H·dh)
+        ``keymask_add`` (B, L) is the additive key bias (padding, soft masks); what of A
+        (``run.rows``) and on which path (``run.static`` / ``run.sync_free``) come with the
+        call, as do the captured q, k."""
+        rows = run.rows
+        t0 = _clock(run)
+        q, k = run.call.captured.pop("q"), run.call.captured.pop("k")  # (B, L, H·dh)
         extra = None  # the family's own score terms (B|1, 1|H, L, L): relative bias, window, …
         if self.anatomy.scores is not None:
             q, k, extra = self.anatomy.scores(self, layer, q, k)
@@ -359,23 +465,28 @@ class HFEncoderState(PatchState):
         else:
             if w is None:  # exact: every real query, weight m_i / n
                 w = mask.to(q.dtype) / mask.sum(1, keepdim=True).clamp_min(1).to(q.dtype)
-            if _tracing():  # one piece: range() over a symbolic batch size would fix it
+            if run.static:  # one piece: range() over a symbolic batch size would fix it
                 out = torch.einsum("bhij,bi->bhj", torch.softmax(scores(0, B), -1).view(
                     B, H, R, L), w)[:, :, None, :]
+            elif run.sync_free:  # few large launches (a GPU): ≤ 2^28 probabilities at once
+                out = self._received(scores, w, B, H, R, L, budget=1 << 28, row_budget=1 << 28)
             else:
                 out = self._received(scores, w, B, H, R, L)
-        self.scorer_time_s += time.perf_counter() - t0
+        run.call.scorer_time_s += _clock(run) - t0
         return out
 
     @staticmethod
-    def _received(scores, w: Tensor, B: int, H: int, R: int, L: int) -> Tensor:
-        """Σ_i w_i softmax(scores)_ij per head, (B, H, 1, L), in pieces: ≤ 4 M probabilities
-        over batch rows; a row above 0.5 M (L ≳ 200) goes one row at a time in blocks of query
-        rows with ≤ 0.5 M probabilities, which stay in cache from the matmul through the
-        softmax to the weighted sum (B = 1, L = 512, 1 thread: 11.3 → 7.3 ms CPU, measured)."""
+    def _received(scores, w: Tensor, B: int, H: int, R: int, L: int,
+                  budget: int = 1 << 22, row_budget: int = 1 << 19) -> Tensor:
+        """Σ_i w_i softmax(scores)_ij per head, (B, H, 1, L), in pieces: ≤ ``budget``
+        probabilities over batch rows; a row above ``row_budget`` goes one row at a time in
+        blocks of query rows of at most ``row_budget``. The CPU defaults (4 M, 0.5 M: L ≳ 200
+        goes row by row) keep the blocks in cache from the matmul through the softmax to the
+        weighted sum (B = 1, L = 512, 1 thread: 11.3 → 7.3 ms CPU, measured); a GPU wants the
+        opposite, few large launches (each launch costs microseconds, as much as the work)."""
         per_row = H * R * L
-        step = 1 if per_row > 1 << 19 else max(1, (1 << 22) // max(per_row, 1))
-        block = R if per_row <= 1 << 19 else max(1, (1 << 19) // (H * L))
+        step = 1 if per_row > row_budget else max(1, budget // max(per_row, 1))
+        block = R if per_row <= row_budget else max(1, row_budget // (H * L))
         parts = []
         for lo in range(0, B, step):
             hi = min(lo + step, B)
@@ -384,9 +495,113 @@ class HFEncoderState(PatchState):
             for r0 in range(0, R, block):
                 p = torch.softmax(scores(lo, hi, r0, r0 + block), -1)  # (b·H, r, L)
                 wr = w[lo:hi, None, r0:r0 + block].expand(b, H, -1).reshape(b * H, 1, -1)
-                acc.baddbmm_(wr, p)
+                # Out of place, in one dtype: CUDA autocast runs softmax in fp32 and bmm in
+                # bf16, and an in-place baddbmm_ into the accumulator then raised "Bad
+                # in-place call: input tensor dtype BFloat16 and output tensor dtype float".
+                acc = acc + torch.bmm(wr.to(p.dtype), p).to(acc.dtype)
             parts.append(acc.view(b, H, 1, L))
         return torch.cat(parts)
+
+
+# ----------------------------------------------------------------------------- the path by device
+def sync_free(device: torch.device, override: bool | None = None) -> bool:
+    """Whether a forward on ``device`` takes the sync-free path: the one place the host chooses
+    its path by device (``patch(..., sync_free=True/False)`` overrides it).
+
+    * CPU (default: False): the host reads counts back freely (a CPU tensor read costs
+      nanoseconds) to cut each gather to the batch's longest kept row and to split rows of
+      different kept counts into groups (row bucketing, measured faster on 2 cores: see the
+      module docstring).
+    * Any other device (CUDA, MPS, …) (default: True): reading a number back waits for every
+      queued kernel, and each extra launch costs microseconds, as much as a small layer's work.
+      So the forward never reads the device: a fixed-ratio method's gather width is
+      W = min(K, max(⌊ρ·K⌋, 2)) from the batch's padded width K alone (every row keeps
+      ⌊ρ·n_b⌋ ≤ W tokens; shorter rows are padded, with a mask), one top-k and one batched
+      gather per pruning layer, no row groups, the per-layer counts kept as device tensors
+      until ``stats`` is read, and the scorer's attention in few large pieces. A threshold
+      method (``variable_budget``: LTP, entropy_threshold, DTR, hybrid) reads its largest kept
+      count back once per pruning layer (one sync each: its width is data, and a width fixed
+      in advance would either cut kept tokens or keep all of them).
+    * Traced (``torch.compile``): the same path, without statistics or timers (nothing may
+      leave the graph); ``torch.export`` / ONNX keep data-dependent widths
+      (:func:`_traced_width`), so an exported graph keeps exactly the eager forward's tokens.
+
+    A row with more protected tokens (CLS and separators) than W keeps its first W of them on
+    this path (only when ⌊ρ·K⌋ < its separator count; the CPU path keeps them all).
+    """
+    if _tracing():
+        return True
+    if override is not None:
+        return override
+    return device.type != "cpu"
+
+
+def _fixed_width(width: int, rho: float) -> int:
+    """W = min(K, max(⌊ρ·K⌋, 2)): the gather width of a fixed-ratio method from the padded
+    width K alone (:func:`sync_free`). ⌊ρ·n_b⌋ ≤ ⌊ρ·K⌋ for every row (n_b ≤ K real tokens);
+    at least 2 so CLS and the closing separator of a short row both fit; the 1e-9 is
+    ``selection.budget``'s guard against float error (0.7·10 = 6.999…)."""
+    return min(width, max(math.floor(width * rho + 1e-9), 2))
+
+
+def _clock(run) -> float:
+    """perf_counter for the host's own timers; 0 when traced (a timer would break the graph)."""
+    return 0.0 if run.static else time.perf_counter()
+
+
+class LazyStats(dict):
+    """The last forward's statistics, whose counts stayed on the device (sync-free path):
+    converted to numbers the first time ``stats`` is read, so the forward itself never
+    waits for the device."""
+
+    def __init__(self, make) -> None:
+        super().__init__()
+        self._make = make
+
+    def _fill(self) -> None:
+        if self._make is not None:
+            make, self._make = self._make, None
+            self.update(make())
+
+    def __getitem__(self, key):
+        self._fill()
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self._fill()
+        return super().get(key, default)
+
+    def __contains__(self, key) -> bool:
+        self._fill()
+        return super().__contains__(key)
+
+    def __iter__(self):
+        self._fill()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._fill()
+        return super().__len__()
+
+    def keys(self):
+        self._fill()
+        return super().keys()
+
+    def items(self):
+        self._fill()
+        return super().items()
+
+    def values(self):
+        self._fill()
+        return super().values()
+
+    def __repr__(self) -> str:
+        self._fill()
+        return super().__repr__()
+
+    def __reduce__(self):  # a copy or pickle of the stats holds the numbers
+        self._fill()
+        return (dict, (dict(self),))
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -394,15 +609,18 @@ class HFEncoderState(PatchState):
 class _Pass:
     """What one forward's layer loop reads at every level of row bucketing."""
 
+    call: _Call  # this forward's own data (captured q/k, labels, family tables, timers)
     method: nn.Module
     training: bool
     rows: str  # the method's attention_rows
     labels: Tensor | None
     kwargs: dict  # passed to every layer (position_ids dropped after the first gather)
     bucket: bool
-    static: bool  # traced (export / compile): shapes from input shapes only, see _tracing
-    kept: list[float]  # real tokens (soft mask sums in training) entering layer l, all groups
-    padded: list[int]  # token slots layer l computes, summed over groups
+    static: bool  # traced (export / compile): no statistics, timers nor Python reads
+    sync_free: bool  # never read the device (:func:`sync_free`); implied by static
+    exporting: bool  # torch.export / ONNX / jit trace: data-dependent widths (_traced_width)
+    kept: list  # real tokens (soft mask sums in training) entering layer l, all groups
+    padded: list  # token slots layer l computes, summed over groups
 
 
 def _pruned_forward(state: HFEncoderState, original, hidden_states, attention_mask=None,
@@ -414,52 +632,73 @@ def _pruned_forward(state: HFEncoderState, original, hidden_states, attention_ma
     a partial's arguments with the model's memo, so a copy's forward reaches the copy's state,
     layers and original forward; a closure would be shared and run the original's layers.
     """
+    call = state.call()
+    try:
+        return _run(state, call, original, hidden_states, attention_mask, *args, **kwargs)
+    finally:  # the call is over: a later call on this thread starts clean
+        state._local.call = None
+
+
+def _run(state: HFEncoderState, call: _Call, original, hidden_states, attention_mask=None,
+         *args, **kwargs):
+    """The body of :func:`_pruned_forward` for one call."""
     if not state.enabled:
-        state.inputs = None
         return original(hidden_states, attention_mask, *args, **kwargs)
     if args or kwargs.get("encoder_hidden_states") is not None:
         raise ValueError("hf_encoder: cross-attention (encoder_hidden_states) is not supported")
+    check_attn_implementation(state.config, "hf_encoder")
     kwargs.pop("encoder_attention_mask", None)
     kwargs.pop("past_key_values", None)
     kwargs.pop("cache", None)  # the cache's name from transformers 5.24 on
     kwargs.pop("use_cache", None)
     training = state.encoder.training
-    state.aux_losses = []
-    state.scorer_time_s = state.select_time_s = state.gather_time_s = 0.0
     B, L, _ = hidden_states.shape
     mask = _key_mask(attention_mask, B, L, hidden_states.device)  # (B, L) real tokens
     static = _tracing()
+    free = sync_free(hidden_states.device, state.sync_free)
     n = len(state.layers)
     method = state.modules
-    # Row bucketing at inference only: training keeps one padded batch (soft masks, and
-    # losses over the batch).
-    run = _Pass(method=method, training=training,
+    # Row bucketing at inference on the CPU path only: training keeps one padded batch (soft
+    # masks, and losses over the batch); the sync-free path never reads counts back.
+    run = _Pass(call=call, method=method, training=training,
                 rows=getattr(method, "attention_rows", "all"),
-                labels=state.labels if training else None, kwargs=kwargs,
-                bucket=state.bucket_rows and not training and not static, static=static,
+                labels=call.labels if training else None, kwargs=kwargs,
+                bucket=state.bucket_rows and not training and not free, static=static,
+                sync_free=free, exporting=_exporting(),
                 kept=[0.0] * n, padded=[0] * n)
     index = torch.arange(L, device=mask.device).expand(B, L)  # original positions
     full = hidden_states if state.output == "scatter" else None
-    ids, token_types = state.inputs or (None, None)
-    state.inputs = None  # one forward's: a later call without the model's hook must not read it
-    protect = protect_special(mask, ids, token_types, state.protect_ids)  # (B, L) CLS + separators
+    ids, token_types = call.inputs or (None, None)
+    call.inputs = None  # one forward's: a later call without the model's hook must not read it
+    special = state.protect_tensor(mask.device) if ids is not None else None
+    protect = protect_special(mask, ids, token_types, () if special is None else special)
     hidden_states, _ = _layers(state, run, 0, hidden_states, mask, attention_mask, index, full,
                                protect=protect)
+    state.aux_losses = call.aux_losses  # replaced whole: the last finished call's
     if static:  # the counts are data: a traced graph has no place for them
         state.stats = {}
         return state.output_cls(last_hidden_state=hidden_states)
-    real = int(mask.sum())
-    kept = run.kept
-    state.stats = {
-        "real_tokens": real,
-        "kept_per_layer": kept,
-        "padded_per_layer": run.padded,
-        "kept_ratio": sum(kept) / max(n * real, 1),
-        "attention_time_s": state.scorer_time_s,  # A⁽ˡ⁾ for the scorer
-        "select_time_s": state.select_time_s,  # A⁽ˡ⁾ + the method's scoring and top-k
-        "gather_time_s": state.gather_time_s,  # gather, scatter, the new masks, groups
+    times = {
+        "attention_time_s": call.scorer_time_s,  # A⁽ˡ⁾ for the scorer
+        "select_time_s": call.select_time_s,  # A⁽ˡ⁾ + the method's scoring and top-k
+        "gather_time_s": call.gather_time_s,  # gather, scatter, the new masks, groups
     }
+    if free:  # counts stay on the device until read; host timers would time launches only
+        kept, padded, real = run.kept, run.padded, mask.sum()
+        state.stats = LazyStats(lambda: _stats(kept, padded, real, n, None))
+    else:
+        state.stats = _stats(run.kept, run.padded, mask.sum(), n, times)
     return state.output_cls(last_hidden_state=hidden_states)
+
+
+def _stats(kept: list, padded: list, real, n: int, times: dict | None) -> dict:
+    """The ``stats`` dict from per-layer counts (numbers or device tensors)."""
+    kept = [float(k) for k in kept]
+    real = int(real)
+    out = {"real_tokens": real, "kept_per_layer": kept, "padded_per_layer": [int(p) for p in padded],
+           "kept_ratio": sum(kept) / max(n * real, 1)}
+    out.update(times or {})
+    return out
 
 
 def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask: Tensor,
@@ -473,17 +712,19 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
     last states; None for ``output="short"``), ``gathered`` whether a gather already happened,
     ``protect`` (b, K) the tokens every selection keeps (CLS and separators; None: CLS only).
     Returns ((b, L, d) final states, None) for ``output="scatter"``, or the compact
-    ((b, K', d), (b, K') mask) for ``output="short"``. After a gather at inference the rows may
-    be split into groups (:func:`_grouped`), each running the rest of this loop.
+    ((b, K', d), (b, K') mask) for ``output="short"``. After a gather at inference on the CPU
+    path the rows may be split into groups (:func:`_grouped`), each running the rest of this
+    loop.
     """
     method = run.method
+    call = run.call
     n = len(state.layers)
     soft_total: Tensor | None = None  # (b, K) product of the soft masks so far (training)
-    # One row without padding (batch-1 serving) stays without padding after any gather: every
-    # slot is real, so the counts are the width, the gather is one index_select of the kept
-    # positions, and the layers keep mask None (the stock no-padding SDPA call) instead of a
-    # mask rebuilt by create_bidirectional_mask at every pruning layer.
-    single = not (run.static or run.training) and mask4d is None and hidden.shape[0] == 1
+    # One row without padding (batch-1 serving, CPU path) stays without padding after any
+    # gather: every slot is real, so the counts are the width, the gather is one index_select
+    # of the kept positions, and the layers keep mask None (the stock no-padding SDPA call)
+    # instead of a mask rebuilt by create_bidirectional_mask at every pruning layer.
+    single = not (run.sync_free or run.training) and mask4d is None and hidden.shape[0] == 1
     if protect is None:
         protect = protect_first(mask)
     for i in range(start, n):
@@ -493,27 +734,27 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
         if single:
             run.kept[i] += hidden.shape[1]
             run.padded[i] += hidden.shape[1]
-        elif not run.static:
-            run.kept[i] += (float(soft_total.detach().sum()) if soft_total is not None
-                            else float(mask.sum()))
+        elif not run.static:  # numbers on the CPU path, device tensors on the sync-free one
+            count = soft_total.detach().sum() if soft_total is not None else mask.sum()
+            run.kept[i] += count if run.sync_free else float(count)
             run.padded[i] += mask.numel()
-        state._want = state.qk[i][0] if need_attn else None  # hooks keep this layer's q, k
+        call.want = state.qk[i][0] if need_attn else None  # hooks keep this layer's q, k
         hidden = (layer(hidden, mask4d, **run.kwargs) if state.anatomy.call is None
                   else state.anatomy.call(state, i, hidden, mask4d, index))  # positions: index
         if not prune:
             continue
         rho = state.schedule[i] / (state.schedule[i - 1] if i else 1.0)
         attn = None
-        t0 = time.perf_counter()
+        t0 = _clock(run)
         if need_attn:
             add = _additive(mask, soft_total, hidden.dtype)
-            attn = state._attention(i, add, run.rows, mask)
+            attn = state._attention(run, i, add, mask)
         sel = method(hidden, mask, attn=attn, keep_ratio=rho, layer=i,
                      labels=run.labels, protect=protect)
-        t1 = time.perf_counter()
-        state.select_time_s += t1 - t0
+        t1 = _clock(run)
+        call.select_time_s += t1 - t0
         if sel.aux_loss is not None:
-            state.aux_losses.append(sel.aux_loss)
+            call.aux_losses.append(sel.aux_loss)
         if run.training and sel.soft is not None:
             soft = sel.soft * mask.to(sel.soft.dtype)
             soft = torch.where(protect, torch.ones_like(soft), soft)
@@ -534,12 +775,9 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
                 mask = mask.new_ones(1, pos.numel())
                 gathered = True
                 run.kwargs.pop("position_ids", None)
-                state.gather_time_s += time.perf_counter() - t1
+                call.gather_time_s += time.perf_counter() - t1
                 continue
-        if run.static:  # the width as a symbolic size; eagerly, gather reads the max back
-            g, index = gather_tokens(hidden, keep, index, size=_traced_width(keep))
-        else:
-            g, index = gather_tokens(hidden, keep, index)
+        g, index = gather_tokens(hidden, keep, index, size=_width(run, keep, rho))
         hidden, mask = g.hidden, g.mask
         protect = torch.gather(protect, 1, g.index) & mask  # follows its tokens
         gathered = True
@@ -551,19 +789,33 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
             if run.bucket and hidden.shape[0] > 1:
                 groups = row_groups(mask.sum(1), group_overhead_tokens())
                 if len(groups) > 1:
-                    state.gather_time_s += time.perf_counter() - t1
+                    call.gather_time_s += time.perf_counter() - t1
                     return _grouped(state, run, i + 1, groups, hidden, mask, index, full,
                                     protect)
-            mask4d = _bidirectional(state, hidden, mask)
-        state.gather_time_s += time.perf_counter() - t1
+            mask4d = _bidirectional(state, hidden, mask, skip=not run.sync_free)
+        call.gather_time_s += _clock(run) - t1
     if full is None:
         return hidden, mask
     if gathered:  # even with K = L, rows may have shifted
-        t0 = time.perf_counter()
+        t0 = _clock(run)
         full = scatter_tokens(full, hidden, index, mask)
-        state.gather_time_s += time.perf_counter() - t0
+        call.gather_time_s += _clock(run) - t0
         return full, None
     return hidden, None
+
+
+def _width(run: _Pass, keep: Tensor, rho: float) -> int | None:
+    """The gather's width K' (None: the batch's largest kept count, read back on the CPU
+    path). Sync-free (:func:`sync_free`): ⌊ρ·K⌋ from the shape for a fixed-ratio method; a
+    threshold method's largest count, read back once (eager) or as a data-dependent size
+    (traced); an export always the data-dependent size (exactly the eager tokens)."""
+    if run.exporting or (run.static and getattr(run.method, "variable_budget", False)):
+        return _traced_width(keep)
+    if not run.sync_free:
+        return None
+    if getattr(run.method, "variable_budget", False):
+        return max(int(keep.sum(1).max()), 1)  # the documented one sync of a threshold layer
+    return _fixed_width(keep.shape[1], rho)
 
 
 def _grouped(state: HFEncoderState, run: _Pass, start: int, groups: list[Tensor],
@@ -576,6 +828,7 @@ def _grouped(state: HFEncoderState, run: _Pass, start: int, groups: list[Tensor]
     ``output="short"``: (b, K', d) with K' the longest final row over all groups (as one batch
     gives); slots past a group's own width are zeros (they are padding, mask False).
     """
+    call = run.call
     t0 = time.perf_counter()
     parts = []
     for rows in groups:  # rows (g,) indices into the b rows
@@ -583,7 +836,7 @@ def _grouped(state: HFEncoderState, run: _Pass, start: int, groups: list[Tensor]
         h, m = hidden[rows, :k], mask[rows, :k]  # (g, k, d), (g, k)
         m4 = _bidirectional(state, h, m)
         sub_full = None if full is None else full[rows]  # (g, L, d)
-        state.gather_time_s += time.perf_counter() - t0
+        call.gather_time_s += time.perf_counter() - t0
         prot = None if protect is None else protect[rows, :k]
         parts.append((rows, _layers(state, run, start, h, m, m4, index[rows, :k], sub_full,
                                     gathered=True, protect=prot)))
@@ -592,7 +845,7 @@ def _grouped(state: HFEncoderState, run: _Pass, start: int, groups: list[Tensor]
         out = torch.empty_like(full)  # the groups cover every row once
         for rows, (o, _) in parts:
             out[rows] = o
-        state.gather_time_s += time.perf_counter() - t0
+        call.gather_time_s += time.perf_counter() - t0
         return out, None
     b, d = hidden.shape[0], hidden.shape[-1]
     width = max(o.shape[1] for _, (o, _) in parts)
@@ -601,21 +854,27 @@ def _grouped(state: HFEncoderState, run: _Pass, start: int, groups: list[Tensor]
     for rows, (o, m) in parts:
         out[rows, : o.shape[1]] = o
         out_mask[rows, : m.shape[1]] = m
-    state.gather_time_s += time.perf_counter() - t0
+    call.gather_time_s += time.perf_counter() - t0
     return out, out_mask
 
 
 def _tracing() -> bool:
     """True while torch.export / torch.compile / the TorchScript tracer records the forward.
 
-    Python must not branch on values there: the loop skips the per-forward statistics and row
-    bucketing (counts read back from tensors) and sizes every gather by :func:`_traced_width`
-    (a symbolic size) instead of a Python int."""
+    Python must not branch on values there: the loop skips the per-forward statistics, timers
+    and row bucketing (counts read back from tensors) and sizes every gather from shapes
+    (:func:`_fixed_width`) or, exporting, by :func:`_traced_width` (a symbolic size)."""
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
+def _exporting() -> bool:
+    """torch.export / ONNX (dynamo) / the TorchScript tracer: graphs meant to run without
+    Python, whose gathers keep the eager forward's exact widths (:func:`_traced_width`)."""
+    return torch.compiler.is_exporting() or torch.jit.is_tracing()
+
+
 def _traced_width(keep: Tensor):
-    """The gather width K of a traced forward: the batch's largest kept count (CLS and
+    """The gather width K of an exported forward: the batch's largest kept count (CLS and
     separators included), as a data-dependent size, at least 2.
 
     ``.item()`` under torch.export gives an unbacked SymInt, which ONNX carries as a tensor
@@ -630,13 +889,16 @@ def _traced_width(keep: Tensor):
     return k
 
 
-def _bidirectional(state: HFEncoderState, hidden: Tensor, mask: Tensor):
+def _bidirectional(state: HFEncoderState, hidden: Tensor, mask: Tensor, skip: bool = True):
     """The layers' attention mask for a gathered batch, from the stock helper: the format the
-    model's attention implementation expects (None, bool or float)."""
+    model's attention implementation expects (None, bool or float). ``skip=False`` always
+    builds the mask: the helper's "no padding, no mask" shortcut reads the mask back from
+    the device (``mask.all()``), which the sync-free path must not do."""
     from transformers.masking_utils import create_bidirectional_mask
 
+    extra = {} if skip else {"allow_is_bidirectional_skip": False}
     return create_bidirectional_mask(config=state.config, inputs_embeds=hidden,
-                                     attention_mask=mask.long())
+                                     attention_mask=mask.long(), **extra)
 
 
 def _additive(mask: Tensor, soft: Tensor | None, dtype) -> Tensor:
@@ -645,8 +907,10 @@ def _additive(mask: Tensor, soft: Tensor | None, dtype) -> Tensor:
     if soft is None:
         return torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device),
                            torch.full((), lo, dtype=dtype, device=mask.device))
-    # clamp: log 0 = −inf would give NaN gradients; e^-30 is already "removed"
-    return torch.where(mask, soft.to(dtype).clamp_min(math.exp(-30)).log(),
+    # clamp: log 0 = −inf would give NaN gradients; e^-30 is already "removed". In float32:
+    # e^-30 underflows to 0 in fp16 (smallest subnormal 6e-8), so the log is taken in fp32
+    # and the result (−30) fits every dtype.
+    return torch.where(mask, soft.float().clamp_min(math.exp(-30)).log().to(dtype),
                        torch.full((), lo, dtype=dtype, device=mask.device))
 
 
@@ -656,7 +920,7 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
                      after_layer: int = 1, schedule=None, output: str = "auto",
                      soft_mode: str = "bias", scorer_queries: int = 0,
                      bucket_rows: bool = True, protect_token_ids: Sequence[int] | None = None,
-                     **method_options) -> HFEncoderState:
+                     sync_free: bool | None = None, **method_options) -> HFEncoderState:
     """Patch an encoder of a family in ``hf_attention.FAMILIES`` with a ``token`` anatomy (BERT,
     MiniLM, RoBERTa, DistilBERT, XLM-R, CamemBERT, ELECTRA, ALBERT, MPNet, DeBERTa-v2/v3,
     ModernBERT; or its ``*ForSequenceClassification``) with token method ``spec``.
@@ -673,9 +937,14 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     every selection keeps like CLS, e.g. the tokenizer's ``sep_token_id`` (default: the
     config's ``sep_token_id`` / ``eos_token_id`` / ``bos_token_id`` where set, e.g. RoBERTa's
     ``<s>`` and ``</s>``); the last real token and each ``token_type_ids`` segment's last token
-    are kept whatever the ids (:func:`attnprune.methods.base.protect_special`). The rest are
-    the method's options. All are checked before the model is touched.
+    are kept whatever the ids (:func:`attnprune.methods.base.protect_special`).
+    ``sync_free`` (default None: by device, True off the CPU): the forward that never reads
+    the device, fixed gather widths, no row groups (:func:`sync_free`). The rest are the
+    method's options. All are checked before the model is touched.
     """
+    if sync_free is not None and not isinstance(sync_free, bool):
+        raise ValueError(f"sync_free must be True, False or None (by device), got {sync_free!r}")
+    check_attn_implementation(model.config, "hf_encoder")
     if not isinstance(bucket_rows, bool):
         raise ValueError(f"bucket_rows must be True or False, got {bucket_rows!r}")  # noqa: TRY004 (patch() contract: ValueError)
     if output not in ("auto", "scatter", "short"):
@@ -702,15 +971,10 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     method.train(model.training)  # follow the model's mode (model.eval() came before the patch)
     rho = keep_ratio if isinstance(keep_ratio, (int, float)) else min(sched)
     state = HFEncoderState(spec.name, method, encoder, layers, qk, sched, float(rho), cfg,
-                           family, output, soft_mode, bucket_rows)
+                           family, output, soft_mode, bucket_rows, sync_free)
     state.n_heads = n_heads
     state.scorer_queries = scorer_queries
-    from .hf_encoder_families import ANATOMIES
-
-    state.anatomy = ANATOMIES[family]
-    state.family_cache = {}  # per-forward tables of the family (hf_encoder_families._cached)
     state.protect_ids = protect_ids
-    state._want = None
     from transformers.modeling_outputs import (
         BaseModelOutput,
         BaseModelOutputWithPastAndCrossAttentions,
@@ -734,12 +998,16 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
 
 
 def _grab_labels(state: HFEncoderState, module, args, kwargs) -> None:
-    """Forward pre-hook on the model: the labels of this forward, for methods that read them,
-    and its token ids and segment ids, to find the separators (the encoder sees only
-    embeddings)."""
-    state.labels = kwargs.get("labels")
+    """Forward pre-hook on the model: starts this forward's :class:`_Call` on the calling
+    thread with its labels (for methods that read them) and its token ids and segment ids (to
+    find the separators: the encoder sees only embeddings); refuses output flags the pruned
+    loop cannot honour."""
+    if state.enabled and any(r < 1.0 for r in state.schedule):
+        refuse_output_flags(module.config, kwargs, "hf_encoder")
     ids = kwargs.get("input_ids", args[0] if args else None)
-    state.inputs = (ids if isinstance(ids, Tensor) else None, kwargs.get("token_type_ids"))
+    state._local.call = _Call(labels=kwargs.get("labels"),
+                              inputs=(ids if isinstance(ids, Tensor) else None,
+                                      kwargs.get("token_type_ids")))
 
 
 def _protect_ids(config, ids: Sequence[int] | None) -> tuple[int, ...]:
@@ -769,6 +1037,8 @@ def _auto_output(model: nn.Module) -> str:
 
 
 def _capture(state: HFEncoderState, name: str, owner_q: nn.Module, module, args, output) -> None:
-    """Forward hook storing the output of a query/key linear when its layer is being scored."""
-    if state.enabled and state._want is owner_q:
-        state._captured[name] = output
+    """Forward hook storing the output of a query/key linear in the running call when its
+    layer is being scored (the call of the thread that runs the forward)."""
+    call = getattr(state._local, "call", None)
+    if state.enabled and call is not None and call.want is owner_q:
+        call.captured[name] = output

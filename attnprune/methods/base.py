@@ -85,6 +85,11 @@ def protect_special(mask: Tensor, input_ids: Tensor | None = None,
         ends[:, :-1] = token_type_ids[:, :-1] != token_type_ids[:, 1:]
         p |= ends & mask
     if input_ids is not None and input_ids.shape == mask.shape and len(special_ids):
-        ids = torch.as_tensor(list(special_ids), device=input_ids.device, dtype=input_ids.dtype)
-        p |= torch.isin(input_ids, ids) & mask
+        # A tensor already on the device (hosts cache one) avoids a host → device copy per
+        # call, which waits for the device. == / any rather than torch.isin: isin lowers to
+        # aten.searchsorted, which has no ONNX function (a CLI-trained model failed to export).
+        ids = special_ids if isinstance(special_ids, torch.Tensor) else torch.as_tensor(
+            list(special_ids), device=input_ids.device)
+        ids = ids.to(device=input_ids.device, dtype=input_ids.dtype)
+        p |= (input_ids[..., None] == ids).any(-1) & mask
     return p

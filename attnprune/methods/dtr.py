@@ -157,6 +157,8 @@ class DTR(TokenMethod):
     """REINFORCE token-keep policy at chosen layers (Bernoulli in training, π ≥ 0.5 at eval),
     per-position returns, a leave-one-out baseline over K samples and a kept-share budget."""
 
+    variable_budget = True  # the kept count is decided per token (policy / thresholds), not ⌊ρ·n⌋
+
     causal = True
 
     def __init__(self, d_model: int, n_layers: int, layers=None, hidden: int | None = None,

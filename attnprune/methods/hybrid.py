@@ -31,6 +31,8 @@ from .ltp_causal import LTPCausal, parse_layers
 class Hybrid(TokenMethod):
     """DTR at about a third and two thirds of the depth, LTP on the last three layers."""
 
+    variable_budget = True  # the kept count is decided per token (policy / thresholds), not ⌊ρ·n⌋
+
     causal = True
 
     def __init__(self, d_model: int, n_layers: int, stage: int = 2, dtr_layers=None,

@@ -70,6 +70,8 @@ def protect_last(mask: Tensor, n: int) -> Tensor:
 class LTPCausal(TokenMethod):
     """Learned per-layer thresholds on a causal learned importance; soft in training, hard at eval."""
 
+    variable_budget = True  # the kept count is decided per token (policy / thresholds), not ⌊ρ·n⌋
+
     causal = True
 
     def __init__(self, d_model: int, n_layers: int, layers=None, tau_final: float = 0.5,
