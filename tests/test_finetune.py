@@ -215,46 +215,17 @@ def test_finetune_reports_fair_reference_beside_padded(tiny, tmp_path, capsys, o
 def test_one_ctrl_c_stops_finetune_cleanly(tiny, tmp_path):
     """One Ctrl-C (SIGINT to the process group, as a terminal sends it) between seeds: exit
     130 with one line and no traceback, the finished runs saved whole, nothing left running."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
+    from interrupt_helpers import assert_group_gone, assert_stopped_cleanly, ctrl_c
 
-    repo = Path(__file__).resolve().parents[1]
     out = tmp_path / "ft"
-    cmd = [sys.executable, "-m", "attnprune", "finetune",
-           *args(tiny, out, "--seeds", ",".join(str(s) for s in range(50)))]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.Popen(cmd, cwd=repo, env=env, start_new_session=True, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 300
-        while not list(out.glob("runs/*.json")):
-            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-            time.sleep(0.05)
-        os.killpg(p.pid, signal.SIGINT)
-        stdout, stderr = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    assert p.returncode == 130, stderr[-3000:]
-    assert "Traceback" not in stderr + stdout, stderr[-3000:]
-    assert len([ln for ln in stderr.splitlines() if "interrupted" in ln]) == 1, stderr[-3000:]
+    rc, stdout, stderr, _, pgid = ctrl_c(
+        ["finetune", *args(tiny, out, "--seeds", ",".join(str(s) for s in range(50)))],
+        lambda: bool(list(out.glob("runs/*.json"))))
+    assert_stopped_cleanly(rc, stdout, stderr)
     runs = sorted(out.glob("runs/*.json"))
     assert 1 <= len(runs) < 50
     for r in runs:  # each marker written after its model and predictions
         seed = json.loads(r.read_text())["seed"]
         assert (out / "models" / f"full__seed{seed}" / "model.safetensors").is_file()
         assert (out / "predictions" / f"full__seed{seed}.npz").is_file()
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(p.pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError("a process of the command is still running")
+    assert_group_gone(pgid)

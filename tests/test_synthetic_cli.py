@@ -161,63 +161,26 @@ def test_plan_reuses_main_runs_for_ablation_cells():
     assert len(plan_runs(SyntheticConfig(ablations=False))) == len(main)
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a live process (zombies aside: a container's PID 1 may not reap them) is in
-    the process group ``pgid``."""
-    import os
-
-    import psutil
-
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
-    return False
-
-
 @pytest.mark.slow
 def test_one_ctrl_c_stops_cleanly_keeps_finished_runs_and_no_process(tmp_path):
     """One Ctrl-C (SIGINT to the whole process group, as a terminal sends it) during training
     in worker processes: exit 130 with one line and no traceback, the runs finished so far
     saved whole, and no process of the command left behind (the workers used to take the
     SIGINT, fail their run and go on with the queue while the parent waited for it)."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
+    from interrupt_helpers import assert_group_gone, assert_stopped_cleanly, ctrl_c
 
     out = tmp_path / "run"
     seeds = ",".join(str(s) for s in range(200))  # 400 runs: many minutes, if not stopped
-    cmd = [sys.executable, "-m", "attnprune", "reproduce", "synthetic", "--n-train", "160",
-           "--n-val", "80", "--epochs", "3", "--seeds", seeds, "--methods", "full,random",
-           "--ablations", "false", "--workers", "2", "--out", str(out), "--exact-out"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 300
-        # two finished runs: both workers are past their start-up, training (a worker still
-        # importing dies of the SIGINT, which broke the pool and hid the bug)
-        while len(list(out.glob("runs/*.json"))) < 2:
-            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-            time.sleep(0.05)
-        time.sleep(0.3)  # and into their next run
-        os.killpg(p.pid, signal.SIGINT)  # the new session's group: the command and its workers
-        t0 = time.monotonic()
-        stdout, stderr = p.communicate(timeout=120)
-        # promptly: the queued runs are not trained (they were, unsaved, before it exited)
-        assert time.monotonic() - t0 < 20, f"took {time.monotonic() - t0:.0f} s to stop"
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    assert p.returncode == 130, stderr[-3000:]
-    assert "Traceback" not in stderr and "Traceback" not in stdout, stderr[-3000:]
-    lines = [ln for ln in stderr.splitlines() if "interrupted" in ln]
-    assert len(lines) == 1 and "finished runs are saved" in lines[0], stderr[-3000:]
+    # after two finished runs (+ 0.3 s): both workers past their start-up and training (a
+    # worker still importing dies of the SIGINT, which broke the pool and hid the bug)
+    rc, stdout, stderr, stop_s, pgid = ctrl_c(
+        ["reproduce", "synthetic", "--n-train", "160", "--n-val", "80", "--epochs", "3",
+         "--seeds", seeds, "--methods", "full,random", "--ablations", "false", "--workers", "2",
+         "--out", str(out), "--exact-out"],
+        lambda: len(list(out.glob("runs/*.json"))) >= 2, settle=0.3)
+    # promptly: the queued runs are not trained (they were, unsaved, before it exited)
+    assert stop_s < 20, f"took {stop_s:.0f} s to stop"
+    assert_stopped_cleanly(rc, stdout, stderr)
     runs = sorted(out.glob("runs/*.json"))
     assert 2 <= len(runs) < 400
     for r in runs:  # a marker only after its checkpoint and predictions
@@ -225,12 +188,7 @@ def test_one_ctrl_c_stops_cleanly_keeps_finished_runs_and_no_process(tmp_path):
         assert (out / synth_run._ckpt_name(rec["key"])).is_file()
         assert (out / "predictions" / f"{rec['label']}__seed{rec['seed']}.npz").is_file()
     assert not list(out.rglob("*.tmp"))
-    deadline = time.monotonic() + 15  # helpers (multiprocessing's resource tracker) end on EOF
-    while _group_alive(p.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _group_alive(p.pid), subprocess.run(
-        ["ps", "-o", "pid,ppid,pgid,cmd", "-g", str(p.pid)], capture_output=True, text=True,
-        check=False).stdout
+    assert_group_gone(pgid)
 
 
 def test_training_worker_ignores_ctrl_c_and_dies_with_its_parent(tmp_path):
@@ -241,6 +199,8 @@ def test_training_worker_ignores_ctrl_c_and_dies_with_its_parent(tmp_path):
     import subprocess
     import sys
     import time
+
+    from interrupt_helpers import assert_group_gone, group_alive
 
     ready = tmp_path / "ready"
     script = f"""
@@ -269,10 +229,7 @@ time.sleep(600)
         os.kill(child, 0)  # still alive
         parent.kill()  # SIGKILL: no handler of the parent's runs
         parent.wait()
-        deadline = time.monotonic() + 10
-        while _group_alive(parent.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _group_alive(parent.pid), "the worker outlived its parent"
+        assert_group_gone(parent.pid, timeout=10)  # the worker does not outlive it
     finally:
-        if _group_alive(parent.pid):
+        if group_alive(parent.pid):
             os.killpg(parent.pid, signal.SIGKILL)
