@@ -48,18 +48,46 @@ def _outputs(model, ids, mask) -> torch.Tensor:
     return torch.cat([logits.flatten(), hidden[mask.bool()].flatten()])
 
 
-def token_parity(arch: str, method: str) -> float:
-    """Max |patched − unpatched| over logits and real tokens' last states at keep_ratio = 1
+# ρ = 1 − 1e-11: below 1, so the host calls the method after layer 1 (at ρ = 1 pruning is off
+# and the method never runs), yet ⌊ρ·n⌋ = n for these lengths (selection.budget's 1e-9
+# epsilon: n · 1e-11 < 1e-9), so a fixed-budget method keeps every token itself
+JUST_BELOW_ONE = 1.0 - 1e-11
+
+
+def _keep_every_token(calls: list, fixed_budget: bool, _mod, args, kwargs, out: Selection):
+    """Forward hook on the method: counts its calls; a fixed budget must have kept every real
+    token at ρ = JUST_BELOW_ONE; a learned count (thresholds, policies: ρ is not their budget)
+    gets every real token added to its choice, so the host runs the method, then its gather
+    and scatter with nothing dropped."""
+    mask = (args[1] if len(args) > 1 else kwargs["mask"]).bool()
+    calls.append(int(mask.sum()))
+    if fixed_budget:
+        assert torch.equal(out.keep, mask), "ρ·n rounds to n: the method must keep every token"
+        return None
+    return dataclasses.replace(out, keep=out.keep | mask)
+
+
+def token_parity(arch: str, method: str, keep_ratio: float = 1.0) -> float:
+    """Max |patched − unpatched| over logits and real tokens' last states at ``keep_ratio``
+    1 (pruning off) or JUST_BELOW_ONE (the method runs and keeps every token; checked)
     (also printed by ``scripts/family_table.py``)."""
     model = build(arch)
     ids, mask = batch()
+    calls: list[int] = []
     with torch.no_grad():
         ref = _outputs(model, ids, mask)
-        attnprune.patch(model, method, keep_ratio=1.0, after_layer=1, output="scatter")
+        attnprune.patch(model, method, keep_ratio=keep_ratio, after_layer=1, output="scatter")
+        state = attnprune.patch_state(model)
+        fixed = not getattr(state.modules, "variable_budget", False)
+        state.modules.register_forward_hook(
+            functools.partial(_keep_every_token, calls, fixed), with_kwargs=True)
         got = _outputs(model, ids, mask)
         attnprune.unpatch(model)
         back = _outputs(model, ids, mask)
     assert torch.equal(back, ref), "unpatch did not restore the stock model"
+    if keep_ratio < 1.0:  # the method ran on every real token of both forwards in _outputs
+        assert calls == [int(mask.sum())] * 2, calls
+        assert state.stats["kept_ratio"] == 1.0
     return float((got - ref).abs().max())
 
 
@@ -127,7 +155,8 @@ def drop_gap(arch: str, **overrides) -> float:
 @pytest.mark.parametrize("method", TOKEN_METHODS)
 @pytest.mark.parametrize("arch", ENCODERS)
 def test_keep_ratio_one_reproduces_unpatched(arch, method):
-    assert token_parity(arch, method) <= PARITY
+    assert token_parity(arch, method) <= PARITY  # pruning off: the host's own loop
+    assert token_parity(arch, method, JUST_BELOW_ONE) <= PARITY  # the method runs, keeps all
 
 
 @pytest.mark.parametrize("arch", ENCODERS)
