@@ -193,3 +193,19 @@ def test_ltp_without_calibration_keeps_init_threshold_and_old_checkpoints_load_c
     assert bool(fresh.calibrated.all())
     fresh.train()(hidden, mask, attn=attn, keep_ratio=0.3, layer=0)
     assert fresh.theta[0].item() == pytest.approx(1.5)  # learned θ kept
+
+
+def test_protect_special_finds_the_special_ids():
+    """The ids are found by comparison, not ``torch.isin`` (which torch.export lowers to
+    aten.searchsorted, with no ONNX function: issue 23 item 12; the export itself is checked by
+    test_onnx.py::test_a_model_trained_by_the_cli_exports)."""
+    from attnprune.methods.base import protect_special
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 8, (4, 16), generator=g)
+    mask = torch.ones(4, 16, dtype=torch.bool)
+    mask[2, 10:] = False
+    special = [2, 3]
+    want = protect_first(mask) | (torch.isin(ids, torch.tensor(special)) & mask)
+    want[torch.arange(4), mask.sum(1) - 1] = True  # the last real token of each row
+    assert torch.equal(protect_special(mask, ids, special_ids=special), want)
