@@ -1,0 +1,39 @@
+"""The passkey-retrieval task of issue 25 (attnprune.experiments.passkey): the prompts hold the
+key where they say, and accuracy is computed through the pruned prefill."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnprune.experiments import passkey as pk
+
+
+def test_prompts_hold_the_key_once_and_end_with_the_query():
+    g = torch.Generator().manual_seed(0)
+    ids, answers, start = pk.passkey_batch(32, 40, 4, 30, g)
+    assert ids.shape == (32, 40) and answers.shape == (32, 4)
+    assert (ids[:, 0] == pk.BOS).all() and (ids[:, -1] == pk.QUERY).all()
+    assert ((ids == pk.KEY).sum(1) == 1).all()
+    for b in range(32):
+        s = int(start[b])
+        assert ids[b, s] == pk.KEY and torch.equal(ids[b, s + 1: s + 5], answers[b])
+        rest = torch.cat([ids[b, 1:s], ids[b, s + 5: -1]])
+        assert (rest >= pk.FILLER0).all() and (rest < 30).all()  # filler only
+    assert (answers >= pk.DIGIT0).all() and (answers < pk.FILLER0).all()
+
+
+def test_accuracy_runs_pruned_and_unpruned():
+    cfg = pk.PasskeyConfig(width=32, layers=2, heads=2, kv_heads=1, ffn=64, steps=2, batch=2,
+                           min_len=16, max_len=24)
+    model = pk.train(cfg, progress=None)
+    for opts in ({}, {"keep": 0.5, "method": "fastv", "layer": 1, "window": 2}):
+        acc = pk.accuracy(model, cfg, length=24, n=4, batch=2, **opts)
+        assert 0.0 <= acc <= 1.0
+
+
+def test_config_checks():
+    with pytest.raises(ValueError, match="vocab"):
+        pk.PasskeyConfig(vocab=10)
+    with pytest.raises(ValueError, match="digits"):
+        pk.PasskeyConfig(digits=0)
