@@ -56,7 +56,6 @@ KNOWN_EXCEPTIONS: dict[str, str] = {
     "pareto-long-compose": f"{_GONE}: results/pareto_cpu (the same run)",
     "pareto-tweets": f"{_GONE}: results/pareto_tweets_cpu; rerun: hours of training",
     "pareto-tweets-compose": f"{_GONE}: results/pareto_tweets_cpu (the same run)",
-    "synthetic-fp32": f"{_GONE}: the fp32 rerun (3 min alone); not rerun this session",
     "encoder-speed": f"{_GONE}: bench encoder output; {_TIMING}",
     "encoder-tweets": f"{_GONE}: runs/full, runs/cand; rerun: fine-tunes on 15,831 tweets",
     "encoder-tweets-no-retrain": f"{_GONE}: needs the full model of encoder-tweets",
@@ -488,6 +487,9 @@ def _check_module(root: Path, mod: str, rest: list[str], commands: dict, parsers
     if importlib.util.find_spec(mod) is None:
         return [f"no module {mod}"]
     src = Path(importlib.util.find_spec(mod).origin).read_text(encoding="utf-8")
+    m = re.search(r"parse_command_line\(\s*argv\s*,\s*(\w+)", src)
+    if m:  # a command module not (yet) in the CLI table: its config dataclass is its parser
+        return _check_options(root, ("-m", mod), rest, parsers, spec=(f"{mod}:{m.group(1)}", set()))
     return [f"{mod} does not know {o}" for o in _opts(rest) if f'"{o}"' not in src]
 
 
@@ -524,19 +526,20 @@ def _pairs(rest: list[str]) -> list[tuple[str, str | bool]]:
     return out
 
 
-def _check_options(root: Path, words: tuple[str, ...], rest: list[str], parsers: dict) -> list[str]:
+def _check_options(root: Path, words: tuple[str, ...], rest: list[str], parsers: dict,
+                   spec: tuple[str, set[str]] | None = None) -> list[str]:
     from attnprune.config import ConfigError, load_config, read_yaml
 
-    name = "attnprune " + " ".join(words)
+    name = ("python " if words[0] == "-m" else "attnprune ") + " ".join(words)
     pairs = _pairs(rest)
     if words in POSITIONAL_ONLY:
         return [f"{name}: takes no option --{k}" for k, _ in pairs if k != "help"]
-    if words not in CONFIGS:  # argparse commands (compare): what its --help lists
+    if spec is None and words not in CONFIGS:  # argparse commands (compare): what --help lists
         if words not in parsers:
             parsers[words] = _argparse_options(words)
         return [f"{name}: unknown option --{k.replace('_', '-')}" for k, _ in pairs
                 if k not in parsers[words] | {"help"}]
-    spec, extra = CONFIGS[words]
+    spec, extra = spec or CONFIGS[words]
     if spec not in parsers:
         parsers[spec] = _load(spec)
     cls = parsers[spec]
