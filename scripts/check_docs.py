@@ -212,9 +212,12 @@ def check_tables(root: Path, files: list[Path], known: dict[str, str]) -> tuple[
         for t in tables(path):
             where = (rel, t.line)
             if t.caption_id is None:
-                problems.append(Problem(*where, "table without a source caption: the paragraph "
-                                        "above it must start with **Source** (`id`): (see "
-                                        "scripts/check_docs.py)"))
+                problems.append(Problem(*where, "table without a source caption: put just above "
+                                        "it a paragraph '**Source** (`id`): ' + one of: the "
+                                        "docs/results/<folder> and the `command` that wrote it; "
+                                        "'not committed; reproduce with `command`' (and id in "
+                                        "KNOWN_EXCEPTIONS); 'checked by `tests/<file>.py`'; "
+                                        "'not a measurement'"))
                 continue
             if t.caption_id in used:
                 problems.append(Problem(*where, f"table id {t.caption_id!r} is used twice "
@@ -329,6 +332,19 @@ POSITIONAL_ONLY = {("report",), ("methods",)}
 def _load(spec: str):
     module, name = spec.split(":")
     return getattr(importlib.import_module(module), name)
+
+
+def _config_of(words: tuple[str, ...]) -> tuple[str, set[str]] | None:
+    """``module:ConfigClass`` of a CLI command whose module parses with ``parse_command_line``."""
+    from attnprune.cli import COMMANDS
+
+    module = COMMANDS[words][0].split(":")[0]
+    found = importlib.util.find_spec(module)
+    if found is None or found.origin is None:
+        return None
+    m = re.search(r"parse_command_line\(\s*argv\s*,\s*(\w+)",
+                  Path(found.origin).read_text(encoding="utf-8"))
+    return (f"{module}:{m.group(1)}", set()) if m else None
 
 
 def _argparse_options(words: tuple[str, ...]) -> set[str]:
@@ -534,6 +550,8 @@ def _check_options(root: Path, words: tuple[str, ...], rest: list[str], parsers:
     pairs = _pairs(rest)
     if words in POSITIONAL_ONLY:
         return [f"{name}: takes no option --{k}" for k, _ in pairs if k != "help"]
+    if spec is None and words not in CONFIGS:
+        spec = _config_of(words)  # a command added to the CLI table since CONFIGS was written
     if spec is None and words not in CONFIGS:  # argparse commands (compare): what --help lists
         if words not in parsers:
             parsers[words] = _argparse_options(words)
