@@ -155,7 +155,7 @@ def _maybe_compile(fn, cfg: BenchGPUConfig):
     return torch.compile(fn) if cfg.compile else fn
 
 
-def _encoder_rows(cfg: BenchGPUConfig, shape: str, dtype) -> list[dict]:
+def _encoder_rows(cfg: BenchGPUConfig, shape: str, dtype, flush) -> list[dict]:
     rows = []
     for T in cfg.lengths:
         base = _encoder(shape, T, dtype, cfg.device)
@@ -189,6 +189,7 @@ def _encoder_rows(cfg: BenchGPUConfig, shape: str, dtype) -> list[dict]:
                 rows.append({"model": shape, "B": B, "T": T, "point": "int8", "ms": None,
                              "relative": None, "note": why})
             print(_line(rows[-len(times) - (q is None):]), flush=True)
+            flush(rows)
         del models
         if cfg.device.startswith("cuda"):
             torch.cuda.empty_cache()
@@ -204,7 +205,7 @@ def _decoder(shape: str, T: int, dtype, device):
     return LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
 
 
-def _decoder_rows(cfg: BenchGPUConfig, shape: str, dtype) -> list[dict]:
+def _decoder_rows(cfg: BenchGPUConfig, shape: str, dtype, flush) -> list[dict]:
     from ..prefill import prefill
 
     rows = []
@@ -229,6 +230,7 @@ def _decoder_rows(cfg: BenchGPUConfig, shape: str, dtype) -> list[dict]:
                          "relative": t.median_s / full, "device": t.device})
         print(_line(part), flush=True)
         rows += part
+        flush(rows)
         del lm, shallow
         if cfg.device.startswith("cuda"):
             torch.cuda.empty_cache()
@@ -286,14 +288,21 @@ def _figure(rows: list[dict], path) -> None:
 def run(cfg: BenchGPUConfig, results: ResultsDir) -> dict:
     cfg = resolve(cfg)
     dtype = DTYPES[cfg.dtype]
-    rows = []
+    rows: list[dict] = []
+
+    def write(new: list[dict]) -> dict:
+        """summary.json with every row so far: a run cut off by a deadline keeps them."""
+        done = rows + new
+        summary = {"command": "bench gpu", "env": env_info(cfg.device, dtype),
+                   "config": dataclasses.asdict(cfg), "rows": done, "table": table(done)}
+        results.write_json("summary.json", summary)
+        return summary
+
     for shape in cfg.models:
-        rows += _encoder_rows(cfg, shape, dtype)
+        rows += _encoder_rows(cfg, shape, dtype, write)
     for shape in cfg.decoders:
-        rows += _decoder_rows(cfg, shape, dtype)
-    summary = {"command": "bench gpu", "env": env_info(cfg.device, dtype),
-               "config": dataclasses.asdict(cfg), "rows": rows, "table": table(rows)}
-    results.write_json("summary.json", summary)
+        rows += _decoder_rows(cfg, shape, dtype, write)
+    summary = write([])
     _figure(rows, results.path / "bench_gpu.png")
     return summary
 
