@@ -1,4 +1,5 @@
-"""Training-free prefill pruning for decoders: a shorter time to first token on long prompts.
+"""Training-free prefill pruning for decoders (Llama family, GPT-2): a shorter time to first
+token on long prompts.
 
 Two ways of spending a long prompt's prefill on fewer tokens, with no training:
 
@@ -33,7 +34,7 @@ decoding, which a forward cannot tell from a training window; and HF ``generate`
 attention mask from layer 0's cache, which is wrong for layers whose caches were cut (FastV with
 padding). So this module owns the generation loop: :func:`generate` (greedy), or
 :func:`prefill` then :func:`decode` for a loop of one's own. The HF wiring lives in
-:class:`attnprune.hosts.hf_prefill.RotaryDecoder`; the model is never modified.
+:mod:`attnprune.hosts.hf_prefill` (a view per family); the model is never modified.
 """
 
 from __future__ import annotations
@@ -179,10 +180,10 @@ def prefill(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None =
     ``options`` are :class:`PrefillConfig`'s fields (or give ``config``); ``max_new_tokens``
     only checks that the generation will fit a sliding window.
     """
-    from .hosts.hf_prefill import RotaryDecoder
+    from .hosts.hf_prefill import decoder_for
 
     cfg = config if config is not None else PrefillConfig(**options)
-    dec = RotaryDecoder(model)
+    dec = decoder_for(model)
     L = input_ids.shape[1]
     real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     if attention_mask is not None and bool((real[:, 1:] < real[:, :-1]).any()):
@@ -191,20 +192,21 @@ def prefill(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None =
     K, N = cfg.cut(dec.n_layers), dec.n_layers
     positions = (real.long().cumsum(1) - 1).clamp_min(0)  # (B, L) as HF generate numbers them
     cache = dec.new_cache()
-    h = dec.embed(input_ids)  # (B, L, d)
-    rope = dec.rope(h, positions)
+    h = dec.embed(input_ids, positions)  # (B, L, d)
+    rope = dec.rope(h, positions)  # rotary families' (cos, sin); None for GPT-2
     h = dec.run(0, K, h, rope, real, cache if cfg.method == "fastv" else None)
     w = min(cfg.window, L)
     q, k, scaling, softcap = dec.qk(K, h, rope, w)
     scores = window_scores(q, k, real, scaling, softcap)  # (B, L)
     kept = select_kept(scores, real, cfg.keep, cfg.sinks, cfg.window)
     index, kmask = kept_index(kept)  # (B, K'), right aligned
-    rope_k = (_take(rope[0], index), _take(rope[1], index))
+    rope_k = None if rope is None else (_take(rope[0], index), _take(rope[1], index))
     if cfg.method == "fastv":
         h = dec.run(K, N, _take(h, index), rope_k, kmask, cache)
         groups, keys = [(0, K), (K, N)], [real, kmask]
     else:  # GemFilter: every layer again, on the kept tokens only
-        h = dec.run(0, N, dec.embed(torch.gather(input_ids, 1, index)), rope_k, kmask, cache)
+        kept_ids, kept_pos = torch.gather(input_ids, 1, index), torch.gather(positions, 1, index)
+        h = dec.run(0, N, dec.embed(kept_ids, kept_pos), rope_k, kmask, cache)
         groups, keys = [(0, N)], [kmask]
     return Prefilled(logits=dec.logits(h[:, -1]), kept=kept, scores=scores, cache=cache,
                      groups=groups, keys=keys, positions=positions[:, -1] + 1, decoder=dec)
@@ -215,8 +217,9 @@ def decode(state: Prefilled, ids: Tensor) -> Tensor:
     """One decode step: the next tokens ``ids`` (B, 1) through the pruned cache; returns their
     logits (B, V) and advances ``state`` (cache, key masks, positions)."""
     dec = state.decoder
-    h = dec.embed(ids)  # (B, 1, d)
-    rope = dec.rope(h, state.positions[:, None])
+    pos = state.positions[:, None]  # (B, 1)
+    h = dec.embed(ids, pos)  # (B, 1, d)
+    rope = dec.rope(h, pos)
     for i, (start, stop) in enumerate(state.groups):
         state.keys[i] = torch.cat([state.keys[i], torch.ones_like(ids, dtype=torch.bool)], dim=1)
         h = dec.run(start, stop, h, rope, state.keys[i], state.cache)

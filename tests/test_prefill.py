@@ -5,14 +5,25 @@ with left padding equals rows alone, cached decoding equals recomputation on the
 from __future__ import annotations
 
 import pytest
+import test_hf_causal
+import test_hf_llama  # tests/ is on sys.path
 import torch
-from test_hf_llama import DECODERS, V, tiny  # tests/ is on sys.path
+from test_hf_llama import DECODERS, V
 
 from attnprune import prefill as P
-from attnprune.hosts.hf_prefill import RotaryDecoder
+from attnprune.hosts.hf_prefill import decoder_for
 
-FAMILIES = list(DECODERS)
+FAMILIES = [*DECODERS, "gpt2"]
 METHODS = ["fastv", "gemfilter"]
+
+
+def tiny(family: str = "llama"):
+    """A tiny random LM of the family (vocabulary V = 40 for all, eval mode)."""
+    return test_hf_causal.tiny() if family == "gpt2" else test_hf_llama.tiny(family)
+
+
+def blocks(model):
+    return model.base_model.h if hasattr(model.base_model, "h") else model.base_model.layers
 
 
 def left_padded(lengths, seed: int = 0, L: int | None = None):
@@ -37,8 +48,8 @@ def stock_generate(model, ids, mask, n):
 # -- scoring -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("family", FAMILIES)
 def test_window_scores_equal_the_models_own_attention(family):
-    """I_j from the scoring layer's rotated q/k (GQA, q/k norms, Phi-3's fused projection,
-    Gemma2's soft-cap) = the eager model's attention probabilities at that layer, averaged
+    """I_j from the scoring layer's rotated q/k (GQA, q/k norms, Phi-3's and GPT-2's fused
+    projections, Gemma2's soft-cap) = the eager model's attention probabilities at that layer, averaged
     over heads and the window's real queries, on a left-padded batch."""
     model = tiny(family)
     model.set_attn_implementation("eager")
@@ -46,9 +57,9 @@ def test_window_scores_equal_the_models_own_attention(family):
     pos = (mask.cumsum(1) - 1).clamp_min(0)
     out = model(ids, attention_mask=mask, position_ids=pos, output_attentions=True,
                 output_hidden_states=True)
-    dec, K, w = RotaryDecoder(model), 2, 5
+    dec, K, w = decoder_for(model), 2, 5
     h = out.hidden_states[K]  # input of layer K
-    q, k, s, cap = dec.qk(K, h, dec.rope(h, pos), w)
+    q, k, s, cap = dec.qk(K, h, dec.rope(h, pos), w)  # GPT-2: rope None (wpe is in h)
     got = P.window_scores(q, k, mask.bool(), s, cap)
     A = out.attentions[K].float()  # (B, H, L, L)
     for b in range(2):
@@ -121,7 +132,7 @@ def test_keep_all_equals_stock_generate(family, method):
     assert torch.equal(g.kept, mask.bool())
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma2", "phi3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma2", "phi3", "gpt2"])
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("keep", [0.4, 7])
 def test_batch_with_left_padding_equals_each_row_alone(family, method, keep):
@@ -149,11 +160,13 @@ def _recompute_fastv(model, seq, real, kept, K):
     mask4d = allowed[:, None]
 
     def swap(mod, args, kwargs):
-        kwargs["attention_mask"] = mask4d
+        if "attention_mask" in kwargs:
+            kwargs["attention_mask"] = mask4d
+        else:  # GPT-2 passes (h, cache, mask, …) positionally
+            args = (*args[:2], mask4d, *args[3:])
         return args, kwargs
 
-    hooks = [layer.register_forward_pre_hook(swap, with_kwargs=True)
-             for layer in model.base_model.layers[K:]]
+    hooks = [layer.register_forward_pre_hook(swap, with_kwargs=True) for layer in blocks(model)[K:]]
     try:
         return model(seq, attention_mask=real.long(), position_ids=pos).logits[:, -1].float()
     finally:
@@ -172,7 +185,7 @@ def _recompute_gemfilter(model, seq, real, kept, L):
     return model(ids, attention_mask=m.long(), position_ids=pos).logits[:, -1].float()
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gpt2"])
 @pytest.mark.parametrize("method", METHODS)
 def test_cached_generation_equals_recomputation_on_kept_tokens(family, method):
     model = tiny(family)
@@ -226,3 +239,7 @@ def test_refusals():
         P.generate(model, ids, mask, max_new_tokens=0)
     with pytest.raises(ValueError, match="sliding_window"):  # mistral's window is 64 here
         P.generate(tiny("mistral"), *left_padded([60]), max_new_tokens=8)
+    with pytest.raises(ValueError, match="n_positions"):  # GPT-2's table has 48 here
+        P.generate(tiny("gpt2"), *left_padded([44]), max_new_tokens=8)
+    with pytest.raises(ValueError, match="LM head"):
+        P.generate(tiny("gpt2").transformer, ids, mask)

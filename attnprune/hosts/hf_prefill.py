@@ -1,8 +1,9 @@
 """Wiring of training-free prefill pruning (:mod:`attnprune.prefill`) into the rotary decoder
-families of :data:`attnprune.hosts.hf_llama.FAMILIES` (Llama, Mistral, Qwen2/3, Gemma/Gemma2, Phi-3).
+families of :data:`attnprune.hosts.hf_llama.FAMILIES` (Llama, Mistral, Qwen2/3, Gemma/Gemma2,
+Phi-3) and GPT-2.
 
-:class:`RotaryDecoder` is a thin view of a ``*ForCausalLM`` that exposes the calls prefill
-pruning makes, so that :mod:`attnprune.prefill` never touches an HF class: embed ids, rotate
+:class:`RotaryDecoder` (and :class:`GPT2Decoder`) is a thin view of a ``*ForCausalLM`` that
+exposes the calls prefill pruning makes, so that :mod:`attnprune.prefill` never touches an HF class: embed ids, rotate
 positions, run a range of layers on a (B, K, d) batch with a 2D key-validity mask and a
 cache, compute one layer's rotated q (last w tokens) and k (all tokens) for scoring, and the
 LM head of the last token. The model is not modified (no class swap, no hook, no config
@@ -40,29 +41,29 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask
 
-from .hf_causal import cache_kwargs
+from .hf_causal import _gpt2, cache_kwargs
 from .hf_llama import FAMILIES, _inner, family_of, sliding_window
 
-__all__ = ["RotaryDecoder"]
+__all__ = ["GPT2Decoder", "RotaryDecoder", "decoder_for"]
 
 
-class RotaryDecoder:
-    """The calls of prefill pruning on a ``*ForCausalLM`` of a rotary family (ValueError for
-    other models, naming why)."""
+class _Decoder:
+    """What every family shares: the cache, the mask of a group of layers, the LM head."""
 
-    def __init__(self, model: nn.Module) -> None:
-        self.family = family_of(model)  # ValueError for refused families
-        self.inner = _inner(model)
-        self.lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        if self.lm_head is None or self.inner is model:
-            raise ValueError(f"model: prefill pruning generates tokens and needs the LM head: give the "
-                             f"*ForCausalLM, not the bare {type(model).__name__}")
-        self.model = model
-        self.config = self.inner.config
-        self.n_layers = len(self.inner.layers)
-        self.window = sliding_window(self.config, self.family)
+    inner: nn.Module
+    config: object
+    n_layers: int
+    window: int | None = None
 
-    # -- shape of the model ------------------------------------------------------------------
+    def _layers(self) -> nn.ModuleList:
+        raise NotImplementedError
+
+    def _call(self, layer: nn.Module, h: Tensor, mask, rope, cache) -> Tensor:
+        raise NotImplementedError
+
+    def _norm(self, h: Tensor) -> Tensor:
+        raise NotImplementedError
+
     def check_window(self, slots: int) -> None:
         """ValueError if a sequence of ``slots`` slots could reach outside a sliding window."""
         if self.window is not None and slots > self.window:
@@ -74,17 +75,8 @@ class RotaryDecoder:
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.config)
 
-    # -- calls -------------------------------------------------------------------------------
-    def embed(self, ids: Tensor) -> Tensor:
-        """(B, K) ids → (B, K, d) (Gemma's √d scaling lives in its embedding module)."""
-        return self.inner.embed_tokens(ids)
-
-    def rope(self, h: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """(cos, sin), each (B, K, d_rot), of the tokens' original positions (B, K)."""
-        return self.inner.rotary_emb(h, positions)
-
-    def run(self, start: int, stop: int, h: Tensor, rope: tuple[Tensor, Tensor],
-            keys: Tensor | None, cache: DynamicCache | None) -> Tensor:
+    def run(self, start: int, stop: int, h: Tensor, rope, keys: Tensor | None,
+            cache: DynamicCache | None) -> Tensor:
         """Layers ``start`` … ``stop − 1`` on ``h`` (B, K, d); ``keys`` (B, past + K) bool marks
         valid keys (the cached ones, then these K), None = all valid. Every layer of the range
         holds the same cached length, so one mask serves them all."""
@@ -93,10 +85,58 @@ class RotaryDecoder:
         if keys is not None and bool(keys.all()):
             keys = None  # no padding: SDPA's is_causal path (no (B, 1, K, K) mask)
         mask = create_causal_mask(self.config, h, keys, cache, position_ids=None, layer_idx=start)
-        kw = {"use_cache": cache is not None} if self.family.layer_use_cache else {}
-        for layer in self.inner.layers[start:stop]:
-            h = layer(h, attention_mask=mask, position_embeddings=rope, **cache_kwargs(cache), **kw)
+        for layer in self._layers()[start:stop]:
+            h = self._call(layer, h, mask, rope, cache)
         return h
+
+    def logits(self, h_last: Tensor) -> Tensor:
+        """(B, d) final states of the last token → (B, V) float logits (Gemma2's final soft-cap
+        applied, as its LM forward does)."""
+        logits = self.lm_head(self._norm(h_last)).float()
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+
+def _lm_head(model: nn.Module, inner: nn.Module) -> nn.Module:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None or inner is model:
+        raise ValueError(f"model: prefill pruning generates tokens and needs the LM head: give the "
+                         f"*ForCausalLM / *LMHeadModel, not the bare {type(model).__name__}")
+    return head
+
+
+class RotaryDecoder(_Decoder):
+    """The calls of prefill pruning on a ``*ForCausalLM`` of a rotary family (ValueError for
+    other models, naming why)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.family = family_of(model)  # ValueError for refused families
+        self.inner = _inner(model)
+        self.lm_head = _lm_head(model, self.inner)
+        self.config = self.inner.config
+        self.n_layers = len(self.inner.layers)
+        self.window = sliding_window(self.config, self.family)
+
+    def _layers(self) -> nn.ModuleList:
+        return self.inner.layers
+
+    def _call(self, layer, h, mask, rope, cache):
+        kw = {"use_cache": cache is not None} if self.family.layer_use_cache else {}
+        return layer(h, attention_mask=mask, position_embeddings=rope, **cache_kwargs(cache), **kw)
+
+    def _norm(self, h):
+        return self.inner.norm(h)
+
+    def embed(self, ids: Tensor, positions: Tensor) -> Tensor:
+        """(B, K) ids → (B, K, d) (Gemma's √d scaling lives in its embedding module; positions
+        enter through :meth:`rope`)."""
+        return self.inner.embed_tokens(ids)
+
+    def rope(self, h: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """(cos, sin), each (B, K, d_rot), of the tokens' original positions (B, K)."""
+        return self.inner.rotary_emb(h, positions)
 
     def qk(self, l: int, h: Tensor, rope: tuple[Tensor, Tensor], w: int):
         """Layer l's rotated queries of the last ``w`` slots, (B, H, w, d_h), and keys of every
@@ -124,16 +164,57 @@ class RotaryDecoder:
         k, _ = rotate(k, k, cos, sin)
         return q, k, float(attn.scaling), getattr(attn, "attn_logit_softcapping", None)
 
-    def logits(self, h_last: Tensor) -> Tensor:
-        """(B, d) final states of the last token → (B, V) float logits (Gemma2's final soft-cap
-        applied, as its LM forward does)."""
-        logits = self.lm_head(self.inner.norm(h_last)).float()
-        cap = getattr(self.config, "final_logit_softcapping", None)
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+
+class GPT2Decoder(_Decoder):
+    """The calls of prefill pruning on a ``GPT2LMHeadModel``: absolute positions are added once,
+    at the input (``wpe``), so a kept token carries its original position with its state."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.inner = _gpt2(model)
+        self.lm_head = _lm_head(model, self.inner)
+        self.config = self.inner.config
+        self.n_layers = len(self.inner.h)
+        self.window = self.config.n_positions  # positions past the table do not exist
+
+    def _layers(self) -> nn.ModuleList:
+        return self.inner.h
+
+    def _call(self, layer, h, mask, rope, cache):
+        return layer(h, cache, mask, use_cache=cache is not None)
+
+    def _norm(self, h):
+        return self.inner.ln_f(h)
+
+    def check_window(self, slots: int) -> None:
+        if slots > self.window:
+            raise ValueError(f"n_positions: {slots} slots (prompt + new tokens) exceed the "
+                             f"model's {self.window} positions")
+
+    def embed(self, ids: Tensor, positions: Tensor) -> Tensor:
+        return self.inner.drop(self.inner.wte(ids) + self.inner.wpe(positions))
+
+    def rope(self, h: Tensor, positions: Tensor) -> None:
+        return None
+
+    def qk(self, l: int, h: Tensor, rope, w: int):
+        """Block l's queries of the last ``w`` slots (B, H, w, d_h) and keys (B, H, L, d_h)
+        from the fused ``c_attn`` on ``ln_1(h)``; (q, k, scaling, None)."""
+        block = self.inner.h[l]
+        attn = block.attn
+        B, L, d = h.shape
+        q, k, _ = attn.c_attn(block.ln_1(h)).split(d, dim=2)
+        q = q[:, L - w:].view(B, w, -1, attn.head_dim).transpose(1, 2)
+        k = k.view(B, L, -1, attn.head_dim).transpose(1, 2)
+        return q, k, float(attn.scaling), None
+
+
+def decoder_for(model: nn.Module) -> _Decoder:
+    """The family view of ``model``: GPT-2 or a rotary decoder (ValueError naming why not)."""
+    if _gpt2(model) is not None:
+        return GPT2Decoder(model)
+    return RotaryDecoder(model)
 
 
 def supported_families() -> list[str]:
-    """The model types prefill pruning runs on (those of the causal pruning host)."""
-    return list(FAMILIES)
+    """The model types prefill pruning runs on (those of the causal pruning hosts)."""
+    return ["gpt2", *FAMILIES]
