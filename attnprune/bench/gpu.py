@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import api
-from ..config import parse_command_line
+from ..config import parse_command_line, print_help
 from ..measure import env_info, time_interleaved
 from ..results import ResultsDir
 from ..selection import check_keep_ratio
@@ -116,13 +116,19 @@ def resolve(cfg: BenchGPUConfig) -> BenchGPUConfig:
     return cfg
 
 
-def _encoder(shape: str, T: int, dtype, device):
-    from transformers import BertConfig, BertModel
+def _random(config_cls: str, model_cls: str, shape: dict, vocab: int, positions: int, dtype, device):
+    """A transformers model of ``shape`` with random weights (seeded), in ``dtype`` on
+    ``device``, SDPA attention, eval mode."""
+    import transformers
 
-    cfg = BertConfig(vocab_size=30522, max_position_embeddings=max(512, T),
-                     attn_implementation="sdpa", **SHAPES[shape])
+    cfg = getattr(transformers, config_cls)(vocab_size=vocab, max_position_embeddings=positions,
+                                            attn_implementation="sdpa", **shape)
     torch.manual_seed(0)
-    return BertModel(cfg).to(device=device, dtype=dtype).eval()
+    return getattr(transformers, model_cls)(cfg).to(device=device, dtype=dtype).eval()
+
+
+def _encoder(shape: str, T: int, dtype, device):
+    return _random("BertConfig", "BertModel", SHAPES[shape], 30522, max(512, T), dtype, device)
 
 
 def _shallow(model, n: int):
@@ -177,7 +183,7 @@ def _encoder_rows(cfg: BenchGPUConfig, shape: str, dtype, flush) -> list[dict]:
             fns = {}
             for name, m in models.items():
                 fwd = _maybe_compile(m, cfg)
-                fns[name] = (lambda f=fwd: f(input_ids=ids))
+                fns[name] = (lambda f=fwd, x=ids: f(input_ids=x))
             with torch.inference_mode():
                 times = time_interleaved(fns, repeats=cfg.repeats, warmup=cfg.warmup)
             full = times["full"].median_s
@@ -197,12 +203,8 @@ def _encoder_rows(cfg: BenchGPUConfig, shape: str, dtype, flush) -> list[dict]:
 
 
 def _decoder(shape: str, T: int, dtype, device):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=32000, max_position_embeddings=max(4096, T),
-                      attn_implementation="sdpa", **DECODERS[shape])
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
+    return _random("LlamaConfig", "LlamaForCausalLM", DECODERS[shape], 32000, max(4096, T),
+                   dtype, device)
 
 
 def _decoder_rows(cfg: BenchGPUConfig, shape: str, dtype, flush) -> list[dict]:
@@ -216,10 +218,10 @@ def _decoder_rows(cfg: BenchGPUConfig, shape: str, dtype, flush) -> list[dict]:
         B = cfg.decoder_batch
         ids = torch.randint(1000, 30000, (B, T), generator=torch.Generator().manual_seed(T))
         ids = ids.to(cfg.device)
-        fns = {"full": lambda: lm(input_ids=ids, use_cache=True, logits_to_keep=1),
-               f"layers={n}": lambda: shallow(input_ids=ids, use_cache=True)}
+        fns = {"full": lambda m=lm, x=ids: m(input_ids=x, use_cache=True, logits_to_keep=1),
+               f"layers={n}": lambda m=shallow, x=ids: m(input_ids=x, use_cache=True)}
         for rho in cfg.keep_ratios:
-            fns[f"fastv@{rho:g}"] = (lambda r=rho: prefill(lm, ids, keep=r, method="fastv"))
+            fns[f"fastv@{rho:g}"] = (lambda r=rho, m=lm, x=ids: prefill(m, x, keep=r, method="fastv"))
         with torch.inference_mode():
             times = time_interleaved(fns, repeats=cfg.repeats, warmup=cfg.warmup)
         full = times["full"].median_s
@@ -231,7 +233,7 @@ def _decoder_rows(cfg: BenchGPUConfig, shape: str, dtype, flush) -> list[dict]:
         print(_line(part), flush=True)
         rows += part
         flush(rows)
-        del lm, shallow
+        del lm, shallow, fns
         if cfg.device.startswith("cuda"):
             torch.cuda.empty_cache()
     return rows
@@ -310,9 +312,7 @@ def run(cfg: BenchGPUConfig, results: ResultsDir) -> dict:
 def main(argv: list[str]) -> int:
     """``attnprune bench gpu [--device cuda] [--dtype bf16] [--quick true] --out DIR``."""
     if "--help" in argv or "-h" in argv:
-        print(__doc__)
-        for f in dataclasses.fields(BenchGPUConfig):
-            print(f"  --{f.name.replace('_', '-'):<16} default {f.default!r}")
+        print_help(__doc__, BenchGPUConfig)
         return 0
     cl = parse_command_line(argv, BenchGPUConfig, default_out="results")
     results = ResultsDir.start(cl.out, "bench-gpu", cl.exact_out, cl.config)
