@@ -31,6 +31,11 @@ the plain causal mask is exact; beyond it the host raises ValueError naming
 not consecutive and would look like packed sequences (``HF_NOTES.md``). With ``use_cache``
 unset the host builds no cache (the GPT-2 host's convention; HF would default it to the
 config's ``use_cache``): training and scoring need none, ``generate`` asks for one.
+
+The patched class is generated per stock class (``hf_causal.pruned_class``), so pickle cannot
+find it by name: :meth:`PrunedDecoder.__reduce_ex__` stores the stock class and generates the
+subclass again on load, so ``torch.save`` / ``torch.load`` and ``pickle`` round-trip a patched
+model (``tests/test_pickle.py``).
 """
 
 from __future__ import annotations
