@@ -7,7 +7,9 @@ Specs accepted by :func:`load_text_data`:
 * ``tweets``: ``tweets_sentiment.csv`` (columns ``text,label,confidence``; 19,789 rows, label 1 =
   positive) from the shared data folder: ``$ATTNPRUNE_DATA``, else ``<repo>/../shared/data``.
   ``tweets:PATH`` reads that file instead.
-* ``csv:PATH`` / ``jsonl:PATH``: any file with a text column and a label column (names set by
+* ``csv:PATH`` / ``jsonl:PATH``, or a plain ``PATH`` ending in ``.csv`` / ``.jsonl`` / ``.json``
+  (JSON lines, as ``run_glue.py`` reads ``.json``; read by its extension): any file with a text
+  column and a label column (names set by
   ``text_column`` / ``label_column``, default ``text`` / ``label``); labels may be integers or
   strings, any number of classes (string labels are numbered in sorted order).
   ``text_pair_column`` names a second text column: each example is a sentence pair
@@ -28,6 +30,19 @@ Specs accepted by :func:`load_text_data`:
 * ``imdb``: ``datasets.load_dataset("imdb")`` when online (25k train / 25k test reviews, 0 =
   neg, 1 = pos); val is 10 % of train, stratified, as for GLUE.
 
+Your own splits (``train_file`` / ``validation_file`` / ``test_file``, named as HF's
+``run_glue.py`` names them; CSV or JSONL by extension; the same column options): the files are
+the splits, no 80/10/10 cut. Without ``test_file`` the validation file is the test split and
+the validation split is 10 % of the train file, stratified (as for ``glue/<task>``, whose test
+labels are hidden); without ``validation_file`` it is 10 % of the train file. Class names are
+the labels of all files (numbered as below); a class of the validation or test file that the
+train file lacks, and a text (or text pair, whitespace collapsed) in two files, are refused with
+the file, line and text of each.
+
+Errors a person can act on (:class:`DataError`, a ValueError): every data problem names the
+file, the line and the column, or the option to set: a missing column, an empty file, a file of
+one class, an empty label, bytes that are not UTF-8 (a UTF-8 byte-order mark is accepted).
+
 Fixed split (documented contract): rows are split 80 / 10 / 10 into train / val / test,
 stratified by label (regression: not stratified), with ``sklearn.model_selection.train_test_split``
 and ``random_state=SPLIT_SEED`` (= 20240), after dropping rows with an empty text (or an empty
@@ -41,6 +56,7 @@ longest sequence of each batch; the same batches go to the full and the pruned m
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -48,12 +64,22 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SPLIT_SEED", "TASKS", "TextData", "batches", "load_text_data", "shared_data_dir",
-           "tokenize"]
+__all__ = ["SPLIT_SEED", "TASKS", "DataError", "TextData", "batches", "file_kind",
+           "load_text_data", "load_text_files", "shared_data_dir", "tokenize"]
 
 SPLIT_SEED = 20240  # fixed: the documented split of every file-based dataset
 TWEETS_FILE = "tweets_sentiment.csv"
 TASKS = ("auto", "classification", "regression")
+# file extension → reader; ".json" is JSON lines, as run_glue.py and ``datasets`` read it
+EXTENSIONS = {".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
+# the option that names each column, for messages that say what to set
+_OPTION = {"text_column": "--text-column", "label_column": "--label-column",
+           "text_pair_column": "--text-pair-column"}
+
+
+class DataError(ValueError):
+    """A data problem a person can fix; the message names the file, line and column, or the
+    option to set."""
 
 
 @dataclass(frozen=True)
@@ -97,39 +123,70 @@ def shared_data_dir() -> Path:
     return Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
+def file_kind(path: str | os.PathLike) -> str:
+    """"csv" or "jsonl" from a file's extension (``.csv``, ``.jsonl``, ``.json``)."""
+    kind = EXTENSIONS.get(Path(path).suffix.lower())
+    if kind is None:
+        raise DataError(f"data: {path}: unknown file type {Path(path).suffix or '(none)'!r}; "
+                        "use .csv, .jsonl or .json (JSON lines), or prefix csv: / jsonl:")
+    return kind
+
+
+def _read_text(path: Path) -> str:
+    """The file as text; bytes that are not UTF-8 name their line (a BOM is dropped)."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        col = e.start - raw.rfind(b"\n", 0, e.start)
+        raise DataError(f"data: {path} line {line}, character {col}: byte 0x{raw[e.start]:02x} is "
+                        "not UTF-8; save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                        ) from None
+
+
 def _read_rows(path: Path, kind: str) -> list[tuple[int, dict]]:
     """(file line, row) pairs: the line where each row ends, so errors can point at it."""
     if not path.is_file():
         raise FileNotFoundError(f"data: file not found: {path}")
+    text = _read_text(path)
+    if not text.strip():
+        raise DataError(f"data: {path} is empty (no header, no rows)")
     if kind == "csv":
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            return [(reader.line_num, r) for r in reader]
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        try:
+            rows = [(reader.line_num, r) for r in reader]
+        except csv.Error as e:
+            raise DataError(f"data: {path} line {reader.line_num}: not CSV: {e}") from None
+        if not rows:
+            raise DataError(f"data: {path} has a header line ({', '.join(reader.fieldnames or [])})"
+                            " but no rows")
+        return rows
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"data: {path} line {i} is not JSON: {e}") from None
-                if not isinstance(r, dict):
-                    raise ValueError(f"data: {path} line {i} is not a JSON object")
-                rows.append((i, r))
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"data: {path} line {i} is not JSON: {e}") from None
+            if not isinstance(r, dict):
+                raise DataError(f"data: {path} line {i} is not a JSON object")
+            rows.append((i, r))
     return rows
 
 
 def _columns(rows: list[tuple[int, dict]], path, text_column: str, label_column: str,
              text_pair_column: str | None = None):
-    """(texts, pair texts or None, raw labels, file lines) of the rows with non-empty texts."""
+    """(texts, pair texts or None, raw labels, file lines) of the rows with non-empty texts;
+    a row with a text but no label names its line and column."""
     if not rows:
-        raise ValueError(f"data: {path} has no rows")
+        raise DataError(f"data: {path} has no rows")
     first = rows[0][1]
     for col, field in ((text_column, "text_column"), (label_column, "label_column"),
                        (text_pair_column, "text_pair_column")):
         if col is not None and col not in first:
-            raise ValueError(f"data: {path} has no column {col!r} (columns: "
-                             f"{', '.join(map(str, first))}); set {field}")
+            raise DataError(f"data: {path} has no column {col!r} (columns: "
+                            f"{', '.join(map(str, first))}); set {field} ({_OPTION[field]})")
     texts, pairs, labels, lines = [], [], [], []
     for line, r in rows:
         t = r.get(text_column)
@@ -138,9 +195,13 @@ def _columns(rows: list[tuple[int, dict]], path, text_column: str, label_column:
             continue
         if text_pair_column is not None and (t2 is None or not str(t2).strip()):
             continue
+        y = r.get(label_column)
+        if y is None or not str(y).strip():
+            raise DataError(f"data: {path} line {line}, column {label_column!r}: the label is "
+                            "empty (every row with a text needs one)")
         texts.append(str(t))
         pairs.append(str(t2))
-        labels.append(r.get(label_column))
+        labels.append(y)
         lines.append(line)
     return texts, (pairs if text_pair_column is not None else None), labels, lines
 
@@ -213,14 +274,21 @@ def _check_task(task: str) -> None:
 
 
 def load_text_data(spec: str, text_column: str = "text", label_column: str = "label",
-                   text_pair_column: str | None = None, task: str = "auto") -> TextData:
-    """Load ``spec`` (see the module docstring) into fixed train / val / test splits.
+                   text_pair_column: str | None = None, task: str = "auto",
+                   train_file: str | os.PathLike | None = None,
+                   validation_file: str | os.PathLike | None = None,
+                   test_file: str | os.PathLike | None = None) -> TextData:
+    """Load ``spec`` (see the module docstring) into fixed train / val / test splits, or, with
+    ``train_file``, the given files as the splits (:func:`load_text_files`; ``spec`` unused).
 
     ``text_pair_column``: a second text column (sentence pairs; files only: GLUE tasks know
     their columns). ``task``: "auto" (regression when a label has a fractional part),
-    "classification" or "regression". Missing files and columns raise errors naming them;
-    too few rows (< 10) raise ValueError.
+    "classification" or "regression". Missing files raise FileNotFoundError; bad contents
+    :class:`DataError` naming the file, line and column; too few rows (< 10) DataError.
     """
+    if train_file is not None or validation_file is not None or test_file is not None:
+        return load_text_files(train_file, validation_file, test_file, text_column,
+                               label_column, text_pair_column, task)
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"data: expected a dataset spec such as 'tweets' or 'csv:PATH', got {spec!r}")
     _check_task(task)
@@ -236,26 +304,129 @@ def load_text_data(spec: str, text_column: str = "text", label_column: str = "la
     elif spec.startswith(("csv:", "jsonl:")):
         kind, rest = spec.split(":", 1)
         path = Path(rest)
+    elif Path(spec).suffix.lower() in EXTENSIONS:  # a plain path: read by its extension
+        path, kind = Path(spec), file_kind(spec)
     else:
-        raise ValueError(f"data: unknown dataset {spec!r}; use 'tweets', 'csv:PATH', 'jsonl:PATH', "
-                         "'glue/<task>', 'shakespeare_genre', 'shakespeare_genre:PATH' or 'imdb'")
+        raise DataError(f"data: unknown dataset {spec!r}; use 'tweets', a .csv / .jsonl path, "
+                         "'csv:PATH', 'jsonl:PATH', 'glue/<task>', 'shakespeare_genre', "
+                         "'shakespeare_genre:PATH' or 'imdb'")
     texts, pairs, raw, lines = _columns(_read_rows(path, kind), path, text_column, label_column,
                                         text_pair_column)
     if len(texts) < 10:
-        raise ValueError(f"data: {path} has {len(texts)} usable rows; need at least 10")
+        raise DataError(f"data: {path} has {len(texts)} usable rows; need at least 10")
+    task, y, names = _labels(task, [(path, raw, lines)], label_column)
+    train, val, test = _split(texts, y, pairs)
+    return TextData(train, val, test, names, str(path), task)
+
+
+def _labels(task: str, files: list[tuple], label_column: str
+            ) -> tuple[str, np.ndarray, tuple[str, ...]]:
+    """(task, labels of all ``files`` concatenated, class names) from each file's (path, raw
+    labels, lines); the first file is the one that must hold ≥ 2 classes (the training one)."""
+    raw = [v for _, r, _ in files for v in r]
     if task == "auto":
         task = _infer_task(raw)
     if task == "regression":
-        y, names = _regression_labels(raw, lines, path, label_column), ()
-        if np.ptp(y) == 0:
-            raise ValueError(f"data: {path} column {label_column!r}: every label is {y[0]:g}; "
-                             "a regression needs varying targets")
-    else:
-        y, names = _encode_labels(raw)
-        if len(names) < 2:
-            raise ValueError(f"data: {path} has a single class; classification needs ≥ 2")
-    train, val, test = _split(texts, y, pairs)
-    return TextData(train, val, test, names, str(path), task)
+        y = np.concatenate([_regression_labels(r, ln, path, label_column)
+                            for path, r, ln in files])
+        path0, r0, _ = files[0]
+        if np.ptp(y[:len(r0)]) == 0:
+            raise DataError(f"data: {path0} column {label_column!r}: every label is {y[0]:g}; "
+                            "a regression needs varying targets")
+        return task, y, ()
+    y, names = _encode_labels(raw)
+    path0, r0, _ = files[0]
+    if len(set(y[:len(r0)].tolist())) < 2:
+        raise DataError(f"data: {path0} column {label_column!r}: a single class "
+                        f"({str(r0[0]).strip()!r} on every row); classification needs ≥ 2 "
+                        f"(is {_OPTION['label_column']} the right column?)")
+    return task, y, names
+
+
+def _key(text: str, pair: str | None) -> tuple[str, str | None]:
+    """A text as the overlap check compares it: whitespace collapsed."""
+    return " ".join(text.split()), None if pair is None else " ".join(pair.split())
+
+
+def _check_disjoint(files: list[tuple]) -> None:
+    """Refuse a text (or text pair) that is in two files, naming both files and lines."""
+    seen: list[dict] = []
+    for path, texts, pairs, lines in files:
+        first: dict = {}
+        for i, t in enumerate(texts):
+            first.setdefault(_key(t, None if pairs is None else pairs[i]), lines[i])
+        for (other, o_first) in seen:
+            for k, line in first.items():
+                if k in o_first:
+                    shown = k[0] if len(k[0]) <= 60 else k[0][:57] + "..."
+                    raise DataError(
+                        f"data: the same text is in {other} line {o_first[k]} and {path} line "
+                        f"{line}: {shown!r}; a text in two splits inflates the score (remove it "
+                        "from one file)")
+        seen.append((path, first))
+
+
+def load_text_files(train_file: str | os.PathLike, validation_file: str | os.PathLike | None = None,
+                    test_file: str | os.PathLike | None = None, text_column: str = "text",
+                    label_column: str = "label", text_pair_column: str | None = None,
+                    task: str = "auto") -> TextData:
+    """Your own splits: CSV / JSONL files (by extension) named as ``run_glue.py`` names them.
+
+    Without ``test_file`` the validation file is the test split and the validation split is 10 %
+    of the train file (stratified, ``SPLIT_SEED``), as for GLUE; without ``validation_file`` too.
+    Every file is read with the same columns; class names come from all files together. Refused
+    with :class:`DataError` naming file, line and column: a missing column or label, a class the
+    train file lacks, a text in two files, fewer than 10 training rows."""
+    _check_task(task)
+    if train_file is None:
+        raise DataError("data: validation_file / test_file need a train_file (--train-file)")
+    if validation_file is None and test_file is None:
+        raise DataError("data: with --train-file give --validation-file or --test-file too (the "
+                        "split the model is scored on); or one file as --data PATH, split 80/10/10")
+    given = [(n, Path(f)) for n, f in (("train", train_file), ("validation", validation_file),
+                                        ("test", test_file)) if f is not None]
+    read = {}
+    for name, path in given:
+        texts, pairs, raw, lines = _columns(_read_rows(path, file_kind(path)), path, text_column,
+                                            label_column, text_pair_column)
+        if not texts:
+            raise DataError(f"data: {path} ({name} file) has no row with a text in column "
+                            f"{text_column!r}")
+        read[name] = (path, texts, pairs, raw, lines)
+    if len(read["train"][1]) < 10:
+        raise DataError(f"data: {read['train'][0]} (train file) has {len(read['train'][1])} "
+                        "usable rows; need at least 10")
+    _check_disjoint([(p, t, pr, ln) for p, t, pr, _, ln in read.values()])
+    task, y, names = _labels(task, [(p, r, ln) for p, _, _, r, ln in read.values()],
+                             label_column)
+    splits, at = {}, 0
+    for name, (_path, texts, pairs, _raw, _lines) in read.items():
+        splits[name] = Split(texts, y[at:at + len(texts)], pairs)
+        at += len(texts)
+    if names:  # a class the model never trains on cannot be learned: a typo, usually
+        known = set(splits["train"].labels.tolist())
+        for name in ("validation", "test"):
+            if name in splits:
+                path, _, _, raw, lines = read[name]
+                for i, c in enumerate(splits[name].labels.tolist()):
+                    if c not in known:
+                        raise DataError(f"data: {path} line {lines[i]}, column {label_column!r}: "
+                                        f"class {str(raw[i]).strip()!r} is not in the train file "
+                                        f"{read['train'][0]}")
+    train = splits["train"]
+    if "test" not in splits:  # the validation file is scored; val is carved from train
+        splits["test"] = splits.pop("validation")
+    if "validation" not in splits:  # carved from train, as for GLUE
+        from sklearn.model_selection import train_test_split
+
+        y_tr = train.labels
+        strat = y_tr if names and np.bincount(y_tr).min() >= 2 else None
+        tr, va = train_test_split(np.arange(len(train)), test_size=0.1, random_state=SPLIT_SEED,
+                                  stratify=strat)
+        splits["validation"] = _pick(train.texts, train.pairs, y_tr, va)
+        train = _pick(train.texts, train.pairs, y_tr, tr)
+    source = "; ".join(f"{n}={p}" for n, p in given)
+    return TextData(train, splits["validation"], splits["test"], names, source, task)
 
 
 # task → (text column, pair column or None, test split, regression?): GLUE's own column names
