@@ -81,6 +81,8 @@ KNOWN_EXCEPTIONS: dict[str, str] = {
     "llama-ltp-steps": f"{_GONE}: the seed-0 LTP recipe runs of sessions 4-6",
     "llama-ltp-session6": f"{_GONE}: session 6's machine was reset",
     "llama-ltp-session7": f"{_GONE}: the lm --arch llama sweep of session 7",
+    "gpu-before": "measured on the lent H100 by the session that filed the GPU issue (the old "
+                  "code); the GPU machine is lent to some sessions only",
     "intensity": f"{_GONE}: results/intensity_cpu; rerun: 15 runs of about 6 min",
     "onnx-speed": f"{_GONE}: printed by scripts/bench_onnx.py; {_TIMING}",
     "batch1": f"{_GONE}: printed by scripts/bench_batch1.py; {_TIMING}",
