@@ -32,6 +32,20 @@ def test_accuracy_runs_pruned_and_unpruned():
         assert 0.0 <= acc <= 1.0
 
 
+def test_run_writes_the_grid_paired_with_unpruned(tmp_path):
+    from attnprune.results import ResultsDir
+
+    cfg = pk.PasskeyConfig(width=32, layers=2, heads=2, kv_heads=1, ffn=64, steps=2, batch=2,
+                           min_len=16, max_len=24, eval_n=4, keeps=(0.5,), methods=("gemfilter",),
+                           threads=0)
+    out = ResultsDir.start(tmp_path, "passkey", True, cfg)
+    rows = pk.run(cfg, out, progress=None)["rows"]
+    assert [r["variant"] for r in rows] == ["unpruned", "gemfilter 0.5"]
+    assert rows[0]["key_kept"] == 1.0 and rows[0]["mcnemar_p"] is None
+    assert 0.0 <= rows[1]["key_kept"] <= 1.0 and 0.0 <= rows[1]["mcnemar_p"] <= 1.0
+    assert (tmp_path / "summary.json").is_file() and (tmp_path / "model.safetensors").is_file()
+
+
 def test_config_checks():
     with pytest.raises(ValueError, match="vocab"):
         pk.PasskeyConfig(vocab=10)
