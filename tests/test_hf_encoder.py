@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
+from test_encoder_families import JUST_BELOW_ONE, _keep_every_token  # tests/ is on sys.path
 from transformers import (
     BertConfig,
     BertForSequenceClassification,
@@ -58,17 +61,31 @@ def out0(o):
 
 @pytest.mark.parametrize("kind", ["bert", "bert_model", "distilbert", "roberta"])
 @pytest.mark.parametrize("method", TOKEN_METHODS)
-def test_keep_ratio_one_reproduces_unpatched(kind, method):
+@pytest.mark.parametrize("rho", [1.0, JUST_BELOW_ONE], ids=["off", "method-runs"])
+def test_keep_ratio_one_reproduces_unpatched(kind, method, rho):
+    """ρ = 1: pruning off (the host's own loop); ρ just below 1 (geometric: after every layer)
+    the method runs at each layer and keeps every token (checked by a hook on it), so the
+    gathers and scatters run with nothing dropped; both equal the unpatched model."""
     model = make(kind)
     ids, am = batch()
+    calls: list[int] = []
     with torch.no_grad():
         ref = out0(model(input_ids=ids, attention_mask=am))
-        attnprune.patch(model, method, keep_ratio=1.0, after_layer=1, schedule="geometric")
+        attnprune.patch(model, method, keep_ratio=rho, after_layer=1, schedule="geometric")
+        state = attnprune.patch_state(model)
+        fixed = not getattr(state.modules, "variable_budget", False)
+        state.modules.register_forward_hook(
+            functools.partial(_keep_every_token, calls, fixed), with_kwargs=True)
         got = out0(model(input_ids=ids, attention_mask=am))
         attnprune.unpatch(model)
         back = out0(model(input_ids=ids, attention_mask=am))
+    assert len(calls) == (0 if rho == 1.0 else 3), "the method ran where it should not, or not"
     assert got.shape == ref.shape
-    assert torch.allclose(got, ref, atol=1e-5)
+    if got.dim() == 3:  # per-token states: padding leaves at the first gather, keeping its
+        got, ref_real = got[am.bool()], ref[am.bool()]  # last state; compare real tokens
+    else:
+        ref_real = ref
+    assert torch.allclose(got, ref_real, atol=1e-5)
     assert torch.equal(back, ref)
 
 
