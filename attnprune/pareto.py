@@ -33,16 +33,24 @@ Phases (``phase``; ``all`` runs them in order, each resumes):
 3. ``summary``: ``summary.json``, ``pareto.csv``, ``pareto.md`` and ``pareto.png``.
 
 Statistics (``summary.json["points"][label]``): accuracy mean and 95 % t-interval over seeds;
-Δ accuracy against ``full`` and against the nearest-latency layer-drop point with the same
-quantization (the layer-drop point whose fair batch-32 latency is closest), each as (a) a
-paired bootstrap CI over test examples of the seed-averaged correctness difference (primary:
-the same examples, every seed), (b) the t-interval of the per-seed differences (training
-variance, 2 df at 3 seeds: wide), and a p-value from the McNemar test on discordant pairs
-summed over seeds (the Mantel–Haenszel test for matched pairs stratified by seed); Holm over
-the whole family of p-values. ``verdict`` marks the points that meet the issue's bar, all of:
+Δ accuracy against ``full`` (``vs_full``), against the nearest-latency layer-drop point with the
+same quantization (``vs_layer_drop``: the layer-drop point whose fair batch-32 latency is
+closest, faster or slower) and against the nearest layer-drop point (± int8) at equal or lower
+latency (``vs_layer_drop_le``: the slowest layer-drop point no slower than the point, the
+competitor it has to beat; the table's column), each as (a) a paired bootstrap CI over test
+examples of the seed-averaged correctness difference (primary: rows paired within each seed,
+the same examples resampled for every seed), (b) the t-interval of the per-seed differences
+(training variance, 2 df at 3 seeds: wide), and a p-value from the McNemar test on discordant
+pairs summed over seeds (the Mantel–Haenszel test for matched pairs stratified by seed); Holm
+over the whole family of p-values. ``vs_layer_drops_le``: Δ and CI against every layer-drop
+point at equal or lower latency. ``on_front``: per timed batch size, whether no other point
+has fair latency ≤ and mean accuracy ≥ (one strictly): the front, ringed in the figure.
+``verdict`` marks the points that meet the issue's bar, all of:
 at least ``min_seeds`` (3) seeds (fewer: reported, never "meets bar"), fair latency ≤
-``latency_bar`` (0.5) × full, lower CI bound of Δ vs full > −``margin`` (1 pp), and mean
-accuracy above every layer-drop point (± int8) whose latency is at most its own.
+``latency_bar`` (0.5) × full, lower CI bound of Δ vs full > −``margin`` (1 pp), and more accurate
+than every layer-drop point (± int8) whose latency is at most its own: in mean accuracy
+(``beats_layer_drop_at_le_latency``) and by a paired Δ whose CI excludes 0
+(``beats_layer_drop_ci_at_le_latency``).
 
 Only top-k token methods can be points (their kept count is ⌊ρ·n⌋): methods whose kept count
 depends on the trained weights (``variable_budget``: LTP, entropy_threshold, ...) are refused
@@ -80,6 +88,9 @@ class ParetoConfig:
     data: str = "shakespeare_genre"
     text_column: str = "text"
     label_column: str = "label"
+    train_file: str | None = None  # your own splits instead of --data, as in attnprune finetune
+    validation_file: str | None = None  # none: 10 % of --train-file
+    test_file: str | None = None  # none: --validation-file is scored, val = 10 % of train
     max_length: int = 256
     seeds: tuple[int, ...] = (0, 1, 2)
     full_epochs: int = 3
@@ -181,6 +192,9 @@ class ParetoConfig:
                 check_keep_ratio(r, f"prune[{i}].keep_ratio[{j}]")
             if not isinstance(p.get("options", {}), dict):
                 raise ValueError(f"prune[{i}].options: expected a mapping")  # noqa: TRY004 (config contract: ValueError naming the field)
+        from .finetune import _check_data_files
+
+        _check_data_files(self)  # the files exist; not --data beside --train-file
 
     def points(self) -> list[dict]:
         """Every trained point: {label, kind: full | layers | prune, ...}; int8 variants are
@@ -525,6 +539,13 @@ def summarize(cfg: ParetoConfig, results: ResultsDir) -> dict:
                     c["against"] = "nearest-latency layer-drop"
                     comparisons.append(c)
                     e["vs_layer_drop"] = c
+            below = _layer_drops_at_or_below(points, lat, big)
+            if below:  # the fastest competitor that is no slower: the one the front must beat
+                c = _paired(kp, label, below[0], cfg.seeds)
+                if c is not None:
+                    c["against"] = "nearest layer-drop at equal or lower latency"
+                    comparisons.append(c)
+                    e["vs_layer_drop_le"] = c
     ps = [c["p"] for c in comparisons]
     if ps:
         for c, ph in zip(comparisons, holm(ps), strict=True):
@@ -537,18 +558,32 @@ def summarize(cfg: ParetoConfig, results: ResultsDir) -> dict:
         lat = _lat(e, big)
         if lat is None:
             continue
-        slower_ld = [lab for lab, o in points.items() if o["family"] == "layer-drop"
-                     and _lat(o, big) is not None and _lat(o, big) <= lat]
+        slower_ld = _layer_drops_at_or_below(points, lat, big)
         beats = all(e["accuracy"]["mean"] > points[lab]["accuracy"]["mean"] for lab in slower_ld)
+        # the issue's stronger form: the pooled paired Δ's CI excludes 0 against every one of
+        # them (± int8), not only the means; Δs off the Holm family (a CI rule, not a p rule)
+        near = (e.get("vs_layer_drop_le") or {}).get("b")
+        vs_all = {lab: (e["vs_layer_drop_le"] if lab == near else _paired(kp, label, lab, cfg.seeds))
+                  for lab in slower_ld}
+        e["vs_layer_drops_le"] = {lab: None if c is None else
+                                  {"diff": c["diff"], "ci95": c["ci95"], "seeds": c["seeds"]}
+                                  for lab, c in vs_all.items()}
         e["verdict"] = {
             "enough_seeds": e["n_seeds"] >= cfg.min_seeds,
             "latency_le_bar": lat <= cfg.latency_bar * full_lat,
             "noninferior_to_full": e["vs_full"]["ci95"][0] > -cfg.margin,
             "beats_layer_drop_at_le_latency": beats,
+            "beats_layer_drop_ci_at_le_latency": all(c is not None and c["ci95"][0] > 0
+                                                      for c in vs_all.values()),
             "layer_drop_points_at_le_latency": slower_ld,
             "min_seeds": cfg.min_seeds,
         }
         e["verdict"]["meets_bar"] = all(v for k, v in e["verdict"].items() if isinstance(v, bool))
+    for bs in (timing or {}).get("batch_sizes", {}):
+        front = _front(points, bs)
+        for label, e in points.items():
+            if _lat(e, bs) is not None:
+                e.setdefault("on_front", {})[bs] = label in front
     composition = _composition(points, big)
     summary = {"command": "pareto", "env": env_info(), "config": to_dict(cfg),
                "points": points, "comparisons": comparisons, "composition": composition,
@@ -584,6 +619,24 @@ def _nearest_layer_drop(points: dict, lat: float, int8: bool, bs: str) -> str | 
     return min(cands)[1] if cands else None
 
 
+def _layer_drops_at_or_below(points: dict, lat: float, bs: str) -> list[str]:
+    """The layer-drop points (± int8) whose fair latency at batch ``bs`` is at most ``lat``,
+    slowest first (ties: the more accurate first): ``[0]`` is the nearest one at equal or lower
+    latency, the competitor a pruned point at ``lat`` has to beat."""
+    cands = [(-_lat(o, bs), -o["accuracy"]["mean"], lab) for lab, o in points.items()
+             if o["family"] == "layer-drop" and _lat(o, bs) is not None and _lat(o, bs) <= lat]
+    return [lab for *_, lab in sorted(cands)]
+
+
+def _front(points: dict, bs: str) -> set[str]:
+    """The accuracy–latency front at batch ``bs``: the points no other point dominates (fair
+    latency ≤ and mean accuracy ≥, one of them strictly)."""
+    xy = {lab: (_lat(e, bs), e["accuracy"]["mean"]) for lab, e in points.items()
+          if _lat(e, bs) is not None}
+    return {a for a, (ta, ya) in xy.items()
+            if not any(tb <= ta and yb >= ya and (tb < ta or yb > ya) for tb, yb in xy.values())}
+
+
 def _composition(points: dict, bs: str) -> list[dict]:
     """Speed-ups (1 / relative fair time) of pruned, int8 and pruned + int8, and the product
     of the first two, per pruned point."""
@@ -613,6 +666,7 @@ def _table_rows(points: dict, cfg: ParetoConfig) -> list[dict]:
     for label, e in sorted(points.items(), key=lambda kv: _lat(kv[1], bss[0]) or 9):
         acc = e["accuracy"]
         vf, vl = e.get("vs_full") or {}, e.get("vs_layer_drop") or {}
+        vle = e.get("vs_layer_drop_le") or {}
         row = {"point": label, "seeds": e["n_seeds"], "accuracy": acc["mean"],
                "accuracy_ci95": acc.get("ci95"),
                "delta_vs_full_pp": None if not vf else 100 * vf["diff"],
@@ -622,10 +676,16 @@ def _table_rows(points: dict, cfg: ParetoConfig) -> list[dict]:
                "delta_vs_layer_drop_pp": None if not vl else 100 * vl["diff"],
                "delta_vs_layer_drop_ci95_pp": None if not vl else [100 * x for x in vl["ci95"]],
                "p_holm_vs_layer_drop": vl.get("p_holm"),
+               "layer_drop_le": vle.get("b"),
+               "delta_vs_layer_drop_le_pp": None if not vle else 100 * vle["diff"],
+               "delta_vs_layer_drop_le_ci95_pp": None if not vle else [100 * x for x in vle["ci95"]],
+               "p_holm_vs_layer_drop_le": vle.get("p_holm"),
                "flops_relative": (e.get("flops_relative") or {}).get(bss[0])}
         for bs in bss:
             row[f"time_b{bs}_fair"] = _lat(e, bs, "fair")
             row[f"time_b{bs}_padded"] = _lat(e, bs, "padded")
+        for bs in bss:
+            row[f"front_b{bs}"] = (e.get("on_front") or {}).get(bs)
         row["meets_bar"] = (e.get("verdict") or {}).get("meets_bar")
         row["enough_seeds"] = (e.get("verdict") or {}).get("enough_seeds")
         rows.append(row)
@@ -638,8 +698,8 @@ def _markdown(rows: list[dict], composition: list[dict]) -> str:
 
     bss = [k[len("time_b"):-len("_fair")] for k in rows[0] if k.startswith("time_b") and k.endswith("_fair")]
     head = ["point", "seeds", "accuracy [95 % CI]", "Δ vs full, pp [95 % CI]", "p_holm",
-            "Δ vs nearest layer-drop, pp [CI]", "FLOPs"]
-    head += [f"time b{b} fair (padded)" for b in bss] + ["meets bar"]
+            "Δ vs layer-drop at ≤ latency, pp [95 % CI]", "p_holm", "FLOPs"]
+    head += [f"time b{b} fair (padded)" for b in bss] + ["front", "meets bar"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         ci = r["accuracy_ci95"]
@@ -647,13 +707,16 @@ def _markdown(rows: list[dict], composition: list[dict]) -> str:
         dv = "—" if r["delta_vs_full_pp"] is None else (
             f"{r['delta_vs_full_pp']:+.2f} [{r['delta_vs_full_ci95_pp'][0]:+.2f}, "
             f"{r['delta_vs_full_ci95_pp'][1]:+.2f}]")
-        dl = "—" if r["delta_vs_layer_drop_pp"] is None else (
-            f"{r['delta_vs_layer_drop_pp']:+.2f} [{r['delta_vs_layer_drop_ci95_pp'][0]:+.2f}, "
-            f"{r['delta_vs_layer_drop_ci95_pp'][1]:+.2f}] vs {r['nearest_layer_drop']}")
+        # the nearest layer-drop point (± int8) at equal or lower fair latency (largest batch)
+        dl = "—" if r["delta_vs_layer_drop_le_pp"] is None else (
+            f"{r['delta_vs_layer_drop_le_pp']:+.2f} [{r['delta_vs_layer_drop_le_ci95_pp'][0]:+.2f}, "
+            f"{r['delta_vs_layer_drop_le_ci95_pp'][1]:+.2f}] vs {r['layer_drop_le']}")
         cells = [r["point"], str(r["seeds"]), acc, dv,
                  "—" if r["p_holm_vs_full"] is None else f"{r['p_holm_vs_full']:.2g}", dl,
+                 "—" if r["p_holm_vs_layer_drop_le"] is None else f"{r['p_holm_vs_layer_drop_le']:.2g}",
                  f(r["flops_relative"])]
         cells += [f"{f(r[f'time_b{b}_fair'], 2)} ({f(r[f'time_b{b}_padded'], 2)})" for b in bss]
+        cells.append(", ".join(f"b{b}" for b in bss if r.get(f"front_b{b}")))
         bar = {True: "yes", False: "no", None: ""}[r["meets_bar"]]
         cells.append(bar + (" (too few seeds)" if r.get("enough_seeds") is False else ""))
         lines.append("| " + " | ".join(cells) + " |")
@@ -697,6 +760,13 @@ def _figure(points: dict, cfg: ParetoConfig, results: ResultsDir) -> None:
                 if fam == "layer-drop":
                     ax.annotate(p[2].removesuffix(INT8).removeprefix("layers="), (x, y),
                                 fontsize=7, xytext=(3, -9), textcoords="offset points")
+        front = sorted((_lat(points[lab], bs), 100 * points[lab]["accuracy"]["mean"], lab)
+                       for lab in _front(points, bs))
+        if front:  # the non-dominated points: ringed, joined by the front's staircase
+            fx, fy = [t[0] for t in front], [t[1] for t in front]
+            ax.step(fx, fy, where="post", color="k", lw=0.8, alpha=0.5, zorder=1)
+            ax.scatter(fx, fy, s=140, facecolors="none", edgecolors="k", linewidths=1.0,
+                       zorder=3, label="front (non-dominated)")
         ax.axvline(cfg.latency_bar, color="grey", lw=0.8, ls=":")
         ax.set_xlabel(f"wall time relative to full, batch {bs}, length-sorted (fair)")
         ax.set_ylabel("test accuracy, % (mean, 95 % CI over seeds)")
@@ -707,10 +777,23 @@ def _figure(points: dict, cfg: ParetoConfig, results: ResultsDir) -> None:
 
 
 # ----------------------------------------------------------------------------- command
-def run(cfg: ParetoConfig, results: ResultsDir) -> dict:
+def load_data(cfg: ParetoConfig):
+    """The data of ``cfg`` (``--data`` or the split files); a problem is a ConfigError of one
+    line naming the file, line and column, raised before any results folder is made."""
+    from .config import ConfigError
     from .data.text import load_text_data
 
-    data = load_text_data(cfg.data, cfg.text_column, cfg.label_column)
+    try:
+        return load_text_data(cfg.data, cfg.text_column, cfg.label_column,
+                              train_file=cfg.train_file, validation_file=cfg.validation_file,
+                              test_file=cfg.test_file)
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def run(cfg: ParetoConfig, results: ResultsDir, data=None) -> dict:
+    if data is None:
+        data = load_data(cfg)
     results.write_json("data.json", {"source": data.source, "classes": list(data.label_names),
                                      "sizes": {"train": len(data.train), "val": len(data.val),
                                                "test": len(data.test)}})
@@ -743,8 +826,9 @@ def main(argv: list[str]) -> int:
     cfg = cl.config
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    data = load_data(cfg)  # data problems stop here, before the results folder
     results = ResultsDir.start(cl.out, "pareto", cl.exact_out, cfg)
-    run(cfg, results)
+    run(cfg, results, data)
     if (results.path / "pareto.md").is_file():
         print((results.path / "pareto.md").read_text())
     return 0

@@ -258,3 +258,87 @@ def test_verdict_meets_bar_only_with_enough_seeds(tmp_path):
     assert v["beats_layer_drop_at_le_latency"] is False and v["meets_bar"] is False
     with pytest.raises(ConfigError, match="min_seeds"):
         parse_command_line(["--min-seeds", "1"], ParetoConfig)
+
+
+def _front_folder(tmp_path, seeds=(0, 1, 2)):
+    """A results folder for the summary alone (400 test rows, nested errors): full 95 % at 1.0;
+    layers=1 60 % at 0.2, layers=2 80 % at 0.4, layers=2+int8 79 % at 0.3; pruned ρ 0.5 at
+    0.35 right on 90 %, ρ 0.3 at 0.15 (faster than every layer-drop point) right on 70 %."""
+    from attnprune.pareto import summarize
+    from attnprune.results import ResultsDir
+
+    cfg = ParetoConfig(seeds=tuple(seeds), layer_drop=(1, 2), int8=True, timing_batch_sizes=(32,),
+                       prune=({"method": "attention_mass", "keep_ratio": [0.5, 0.3], "after_layer": 1},))
+    res = ResultsDir(tmp_path)
+    y = np.arange(400) % 2
+    pts = {"full": (0.95, 1.0), "layers=1": (0.60, 0.2), "layers=2": (0.80, 0.4),
+           "layers=2+int8": (0.79, 0.3), "attention_mass@0.5/L1": (0.90, 0.35),
+           "attention_mass@0.3/L1": (0.70, 0.15)}
+    for s in seeds:
+        wrong = np.random.default_rng(s).permutation(400)
+        for label, (q, _) in pts.items():
+            pred = y.copy()
+            pred[wrong[: round(400 * (1 - q))]] ^= 1
+            res.save_predictions(label, s, y, pred)
+    rows = {lab: {"time_relative": t, "flops_relative": t, "kept_ratio": 1.0}
+            for lab, (_, t) in pts.items()}
+    res.write_json("timing.json", {"threads": 1, "batch_sizes": {"32": {"fair": rows, "padded": rows}}})
+    return summarize(cfg, res), res
+
+
+def test_delta_against_the_nearest_layer_drop_at_equal_or_lower_latency(tmp_path):
+    """Item 4 of issue 24: each pruned point's pooled paired Δ (rows paired within seeds) is
+    taken against the slowest layer-drop point (± int8) that is no slower than it, with a CI;
+    a point faster than every layer-drop point has none; the verdict asks the CI to exclude 0
+    against every layer-drop point at equal or lower latency."""
+    s, res = _front_folder(tmp_path)
+    p = s["points"]
+    a = p["attention_mass@0.5/L1"]
+    # at 0.35: layers=2+int8 (0.3) is the nearest at ≤ latency, across quantizations;
+    # layers=2 (0.4) is slower and so not a competitor here
+    assert a["vs_layer_drop_le"]["b"] == "layers=2+int8"
+    assert a["vs_layer_drop_le"]["seeds"] == [0, 1, 2]
+    assert a["vs_layer_drop_le"]["diff"] == pytest.approx(0.90 - 0.79)
+    lo, hi = a["vs_layer_drop_le"]["ci95"]
+    assert 0 < lo < 0.11 < hi
+    assert "p_holm" in a["vs_layer_drop_le"]
+    assert a["vs_layer_drop_le"] in s["comparisons"]
+    assert set(a["vs_layer_drops_le"]) == {"layers=2+int8", "layers=1"}
+    assert a["vs_layer_drops_le"]["layers=1"]["diff"] == pytest.approx(0.30)
+    assert a["verdict"]["beats_layer_drop_ci_at_le_latency"] is True
+    assert a["verdict"]["meets_bar"] is False  # 5 pp below full: not non-inferior
+    # faster than every layer-drop point: nothing to compare against
+    assert "vs_layer_drop_le" not in p["attention_mass@0.3/L1"]
+    assert p["attention_mass@0.3/L1"]["verdict"]["beats_layer_drop_ci_at_le_latency"] is True
+    # the table says it, column by column
+    md = (res.path / "pareto.md").read_text()
+    assert "Δ vs layer-drop at ≤ latency" in md
+    row = next(line for line in md.splitlines() if line.startswith("| attention_mass@0.5/L1 |"))
+    assert "+11.00 [" in row and "vs layers=2+int8" in row
+    import csv
+
+    rows = {r["point"]: r for r in csv.DictReader((res.path / "pareto.csv").open())}
+    assert rows["attention_mass@0.5/L1"]["layer_drop_le"] == "layers=2+int8"
+
+
+def test_verdict_wants_a_ci_that_excludes_zero_against_layer_drop(tmp_path):
+    """Mean accuracy above a layer-drop point at ≤ latency is not enough: a Δ of +0.5 pp on 200
+    rows has a CI that spans 0, so the point does not meet the bar."""
+    v = _verdict_folder(tmp_path, [0, 1, 2], pruned_correct=0.805, pruned_time=0.5)["verdict"]
+    assert v["beats_layer_drop_at_le_latency"] is True
+    assert v["beats_layer_drop_ci_at_le_latency"] is False and v["meets_bar"] is False
+
+
+def test_front_marks_the_non_dominated_points(tmp_path):
+    s, res = _front_folder(tmp_path)
+    on = {lab: e["on_front"]["32"] for lab, e in s["points"].items()}
+    # layers=2 (0.4, 80 %) is dominated by ρ 0.5 (0.35, 90 %) and layers=1 (0.2, 60 %) by
+    # ρ 0.3 (0.15, 70 %); layers=2+int8 (0.3, 79 %) is faster than ρ 0.5: on the front
+    assert on == {"full": True, "layers=1": False, "layers=2": False, "layers=2+int8": True,
+                  "attention_mass@0.5/L1": True, "attention_mass@0.3/L1": True}
+    md = (res.path / "pareto.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| layers=2 |"))
+    assert "b32" not in row.split("|")[-3]
+    row = next(line for line in md.splitlines() if line.startswith("| full |"))
+    assert row.split("|")[-3].strip() == "b32"
+    assert (res.path / "pareto.png").is_file()
