@@ -40,8 +40,6 @@ model (``tests/test_pickle.py``).
 
 from __future__ import annotations
 
-import copyreg
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +54,6 @@ from .hf_causal import (
     _Pass,
     cache_kwargs,
     patch_causal,
-    pruned_class,
 )
 
 __all__ = ["FAMILIES", "REFUSED", "DecoderFamily", "PrunedDecoder", "family_of"]
@@ -140,38 +137,9 @@ def sliding_window(config, family: DecoderFamily) -> int | None:
 ROTARY_GROUP_OVERHEAD_TOKENS = 512.0
 
 
-def _rebuild(stock: type) -> nn.Module:
-    """Unpickling a patched decoder: an empty instance of the pruned subclass of ``stock``
-    (the ``*Model`` class it patched), generated again in this process; pickle then fills in
-    its state as for any module."""
-    cls = pruned_class(stock, PrunedDecoder)
-    return cls.__new__(cls)
-
-
-def _by_name(cls: type) -> bool:
-    """Pickle finds ``cls`` by its module and qualified name."""
-    obj = sys.modules.get(cls.__module__)
-    for part in cls.__qualname__.split("."):
-        obj = getattr(obj, part, None)
-    return obj is cls
-
-
 class PrunedDecoder(CausalBlockLoop):
-    """Mixed in before a family's ``*Model`` class: its ``forward`` with pruning."""
-
-    def __reduce_ex__(self, protocol):
-        # The patched class is generated (``pruned_class``: PrunedLlamaModel, …), so pickle
-        # and ``torch.save`` cannot find it by name: they store the stock class instead, and
-        # :func:`_rebuild` generates the subclass again when loading. A deep copy goes the
-        # same way and gets the same (cached) class.
-        rv = super().__reduce_ex__(protocol)
-        cls = type(self)
-        if (isinstance(rv, tuple) and rv[0] is copyreg.__newobj__ and rv[1] == (cls,)
-                and not _by_name(cls)):
-            stock = [b for b in cls.__bases__ if b is not PrunedDecoder]
-            if len(stock) == 1:
-                return (_rebuild, (stock[0],), *rv[2:])
-        return rv
+    """Mixed in before a family's ``*Model`` class: its ``forward`` with pruning (pickles
+    through :meth:`CausalBlockLoop.__reduce_ex__`)."""
 
     def _attnprune_blocks(self) -> nn.ModuleList:
         return self.layers
