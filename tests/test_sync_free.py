@@ -317,3 +317,37 @@ def test_causal_method_follows_a_bf16_model():
     assert {p.dtype for p in attnprune.patch_state(model).modules.parameters()} == {torch.bfloat16}
     with torch.no_grad():
         assert model(torch.randint(0, 40, (2, 10))).logits.dtype == torch.bfloat16
+
+
+def test_threads_share_one_patched_decoder():
+    """The causal host keeps a call's data in the call (``_Pass``): 4 threads × prompts of
+    different shapes through one pruned GPT-2 equal the same calls made one by one."""
+    from test_hf_causal import force_pruning  # tests/ is on sys.path
+
+    torch.set_num_threads(1)
+    model = _gpt2()
+    attnprune.patch(model, "ltp", keep_ratio=0.5)
+    force_pruning(model)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 40, (b, t), generator=g) for b, t in [(1, 7), (3, 20), (2, 12), (4, 16)]]
+    with torch.no_grad():
+        ref = [model(p).logits for p in prompts]
+    assert min(attnprune.patch_state(model).stats["kept_per_layer"]) < 1.0  # it prunes
+    bad, errors = [], []
+
+    def work(t):
+        try:
+            with torch.no_grad():
+                for r in range(25):
+                    j = (t + r) % len(prompts)
+                    if not torch.allclose(model(prompts[j]).logits, ref[j], atol=1e-5):
+                        bad.append((t, j))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors and not bad, (errors, bad)
