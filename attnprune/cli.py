@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .config import ConfigError
+from .config import ConfigError, print_help
 
 # command words → "module:function" taking the remaining argv
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
@@ -52,6 +52,16 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def config_class(module) -> type | None:
+    """The config dataclass a command module defines (the one class named ``...Config`` made
+    by ``@dataclass`` in that module), or None (commands without options)."""
+    import dataclasses
+
+    found = [v for n, v in vars(module).items() if isinstance(v, type) and n.endswith("Config")
+             and dataclasses.is_dataclass(v) and v.__module__ == module.__name__]
+    return found[0] if len(found) == 1 else None
+
+
 def methods_main(argv: list[str]) -> int:
     """``attnprune methods``: one line per registered method."""
     from . import registry
@@ -79,9 +89,15 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             rest = argv[len(words):]
             if "-h" in rest or "--help" in rest:
-                # Every command documents its options in its module docstring.
-                doc = importlib.import_module(module).__doc__ or ""
-                print(f"attnprune {' '.join(words)}\n\n{doc.strip()}")
+                # Every command documents itself in its module docstring, and its options in
+                # its config dataclass: both, with each option's default
+                mod = importlib.import_module(module)
+                doc = f"attnprune {' '.join(words)}\n\n{(mod.__doc__ or '').strip()}\n"
+                cls = config_class(mod)
+                if cls is None:
+                    print(doc)
+                else:
+                    print_help(doc, cls)
                 return 0
             try:
                 return int(fn(rest) or 0)

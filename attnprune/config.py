@@ -232,14 +232,49 @@ class CommandLine:
     config_path: str | None
 
 
+def _option_text(v: Any) -> str:
+    """A default as it is typed on the command line: ``0.3,0.5`` for a tuple, ``none``,
+    ``true``, JSON for a mapping."""
+    import json
+
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (tuple, list)):
+        return ",".join(_option_text(x) for x in v) or "(none)"
+    if isinstance(v, dict):
+        return json.dumps(v)
+    return str(v)
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """``{field: its end-of-line comment}`` from the class source (the comments are the
+    fields' documentation); empty when the source cannot be read."""
+    import inspect
+    import re
+
+    try:
+        src = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    out = {}
+    for m in re.finditer(r"^\s+(\w+): [^=\n]+(?:=[^#\n]*)?#\s*(.+)$", src, re.MULTILINE):
+        out.setdefault(m.group(1), m.group(2).strip())
+    return out
+
+
 def print_help(doc: str | None, cls: type) -> None:
     """A command's ``--help``: its module docstring, then every option of its config dataclass
-    ``cls`` with its default."""
+    ``cls`` with its default (as typed on the command line) and its comment."""
     print(doc)
-    print("options (--key value):")
+    print("options (--key value; every option also reads from --config FILE.yaml):")
+    notes = _field_comments(cls)
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        print(f"  --{f.name.replace('_', '-'):<22} default {default!r}")
+        note = notes.get(f.name, "")
+        line = f"  --{f.name.replace('_', '-'):<22} (default {_option_text(default)})"
+        print(f"{line}  {note}" if note else line)
 
 
 def parse_command_line(argv: list[str], cls: type[T], default_out: str = "results",

