@@ -867,6 +867,10 @@ def _scalars(ev: dict) -> dict:
 # per task: the metrics with a mean and 95 % CI per method (bootstrap over test examples per
 # seed, t-interval across seeds), and the headline one (the figure, the printed line)
 CI_METRICS = {"classification": ("accuracy", "auc", "mcc"), "regression": ("pearson", "spearman")}
+# each metric's range: its interval is cut to it (stats.aggregate_seeds' bounds; 2 seeds gave
+# accuracy intervals such as [0.037, 1.118])
+RANGES = {"accuracy": (0.0, 1.0), "auc": (0.0, 1.0), "mcc": (-1.0, 1.0), "pearson": (-1.0, 1.0),
+          "spearman": (-1.0, 1.0)}
 HEADLINE = {"classification": "accuracy", "regression": "pearson"}
 
 
@@ -932,7 +936,7 @@ def summarize(cfg: FinetuneConfig, results: ResultsDir) -> dict:
                 except (TypeError, ValueError):  # no predictions, or undefined on the resamples
                     cis.append([float("nan")] * 2)
             try:
-                entry[metric] = stats.aggregate_seeds(vals, cis)
+                entry[metric] = stats.aggregate_seeds(vals, cis, bounds=RANGES[metric])
             except ValueError:
                 entry[metric] = {"mean": float(np.mean(vals)), "per_seed": vals}
         for metric in ("f1_macro", "mse"):

@@ -105,6 +105,30 @@ def _si(x: float, digits: int) -> str:
     return fmt(x, digits)
 
 
+# Metrics that are proportions or correlations: an interval shown for them is cut to their
+# range, as stats.aggregate_seeds(bounds=...) cuts it, for folders whose command did not (a
+# t-interval over 2 seeds has t = 12.7: "0.5775 [0.03749, 1.118]"). Cutting keeps the
+# interval's coverage, since the true value lies in the range. Stored as a percent (a mean
+# beyond the range's top, up to 100 times it): the range in percent.
+RANGES = {**dict.fromkeys(("accuracy", "acc", "auc", "signal_auc", "f1", "f1_macro", "precision",
+                           "recall", "kept_ratio", "oracle_overlap", "flip_kept", "ece",
+                           "ece_heldout", "ece_heldout_temp"), (0.0, 1.0)),
+          **dict.fromkeys(("mcc", "pearson", "spearman"), (-1.0, 1.0))}
+
+
+def within_range(key: str, mean: Any, ci: list) -> list:
+    """``ci`` cut to the range of the metric named ``key`` (:data:`RANGES`; ``test_accuracy``
+    and ``val_acc`` are accuracies too); unchanged for other metrics."""
+    name = key.rsplit(" · ", 1)[-1]
+    rng = RANGES.get(name) or next((r for m, r in RANGES.items() if name.endswith(f"_{m}")), None)
+    if rng is None or not isinstance(mean, (int, float)) or len(ci) != 2 or not all(
+            isinstance(c, (int, float)) for c in ci):
+        return ci
+    if rng[1] < abs(mean) <= 100 * rng[1]:  # a percent
+        rng = (100 * rng[0], 100 * rng[1])
+    return [max(ci[0], rng[0]), min(ci[1], rng[1])]
+
+
 def _is_ci(v: Any) -> bool:
     return isinstance(v, dict) and "mean" in v
 
@@ -113,7 +137,7 @@ def _cell_text(v: Any, key: str = "") -> str:
     """Plain text of one table cell."""
     digits = 3 if key in _P_KEYS else 4
     if _is_ci(v):
-        ci = v.get("ci95") or []
+        ci = within_range(key, v["mean"], v.get("ci95") or [])
         if len(ci) == 2 and all(isinstance(c, (int, float)) for c in ci):
             return f"{fmt(v['mean'])} [{fmt(ci[0])}, {fmt(ci[1])}]"
         return fmt(v["mean"])

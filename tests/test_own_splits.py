@@ -81,24 +81,34 @@ def test_own_splits_end_to_end_with_class_names(tiny, splits, tmp_path, one_thre
     assert clf("the great was very good")[0]["label"] in {"neg", "neutral", "pos"}
 
 
-def test_plain_csv_path_and_majority_class_warning(tiny, tmp_path, capsys, one_thread):  # noqa: F811
-    """``--data reviews.csv`` without a prefix; a model that predicts one class is named."""
+def test_plain_csv_path_majority_warning_and_bounded_interval(tiny, tmp_path, capsys,  # noqa: F811
+                                                              one_thread):
+    """``--data reviews.csv`` without a prefix; a model that predicts one class is named; with
+    2 seeds the accuracy interval (t on 1 df) stays inside [0, 1]."""
     from safetensors.torch import load_file, save_file
 
-    reviews = write(tmp_path / "reviews.csv", rows(60))
+    # most rows 'neg': a model saying 'neg' always scores 0.75 on the test split, 'pos' 0.125
+    reviews = write(tmp_path / "reviews.csv", [(t, "neg" if i % 2 else y)
+                                               for i, (t, y) in enumerate(rows(80))])
+    inits = tmp_path / "inits" / "models"
     state = load_file(str(tiny / "model" / "model.safetensors"))
-    state["classifier.bias"] = torch.tensor([50.0, -50.0, -50.0])  # always class 0
-    (tmp_path / "biased").mkdir()
-    save_file(state, str(tmp_path / "biased" / "model.safetensors"))
+    for seed, bias in ((0, [50.0, -50.0, -50.0]), (1, [-50.0, -50.0, 50.0])):
+        (inits / f"full__seed{seed}").mkdir(parents=True)
+        save_file({**state, "classifier.bias": torch.tensor(bias)},
+                  str(inits / f"full__seed{seed}" / "model.safetensors"))
     out = tmp_path / "run"
-    assert cli_main(common(tiny, out, "--data", str(reviews), "--method", "full",
-                           "--epochs", "0", "--init-from", str(tmp_path / "biased"))) == 0
+    assert cli_main(common(tiny, out, "--data", str(reviews), "--method", "full", "--seeds", "0,1",
+                           "--epochs", "0", "--init-from", str(inits.parent))) == 0
     s = json.loads((out / "summary.json").read_text())
-    assert len(s["warnings"]) == 1
+    assert len(s["warnings"]) == 2
     assert s["warnings"][0].startswith("full (seed 0) predicts one class, 'neg', for every test "
-                                       "row (accuracy 0.3333")
+                                       "row (accuracy 0.7500 = its share, MCC 0)")
+    assert s["warnings"][1].startswith("full (seed 1) predicts one class, 'pos'")
     printed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("warning:")]
-    assert printed == [f"warning: {s['warnings'][0]}"]
+    assert printed == [f"warning: {w}" for w in s["warnings"]]
+    acc = s["methods"]["full"]["accuracy"]
+    assert acc["per_seed"][0] != acc["per_seed"][1]
+    assert 0 <= acc["ci95"][0] <= acc["mean"] <= acc["ci95"][1] <= 1, acc
 
 
 def _latin(p):

@@ -234,3 +234,26 @@ def test_screenshot_in_a_browser(finetune_run, tmp_path):
     for part in (top, tables):  # figure at the top, tables below: both have ink
         lo, hi = part.getextrema()
         assert hi - lo > 100 and sum(1 for p in part.getdata() if p < 128) > 1000
+
+
+def test_accuracy_intervals_stay_inside_their_range(tmp_path):
+    """2 seeds (the --quick runs): a t-interval on 1 df left [0, 1] ("0.5775 [0.03749, 1.118]");
+    the summary's interval is cut to the range, and the page cuts intervals of older folders."""
+    from attnprune import stats
+
+    t = stats.aggregate_seeds([0.535, 0.62])  # no range: the t-interval as it was
+    assert t["ci95"][1] > 1
+    cut = stats.aggregate_seeds([0.535, 0.62], bounds=(0.0, 1.0))
+    assert cut["ci95"] == [pytest.approx(t["ci95"][0]), 1.0] and cut["mean"] == t["mean"]
+    folder = tmp_path / "quick"
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps({"command": "reproduce synthetic", "methods": {
+        "full": {"accuracy": {"mean": 0.5775, "ci95": [0.03749, 1.118], "per_seed": [0.535, 0.62]},
+                 "mcc": {"mean": 0.2, "ci95": [-1.6, 2.0]},
+                 "val_loss": {"mean": 0.5, "ci95": [-0.2, 1.2]},  # not bounded: shown as is
+                 "test_accuracy": {"mean": 57.75, "ci95": [3.749, 111.8]}}}}))  # a percent
+    cells = Page(build(folder).read_text()).text
+    assert "0.5775 [0.03749, 1]" in cells and "1.118" not in " ".join(cells)
+    assert "0.2000 [-1, 1]" in cells
+    assert "0.5000 [-0.2000, 1.200]" in cells
+    assert "57.75 [3.749, 100]" in cells
