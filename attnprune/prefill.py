@@ -62,6 +62,8 @@ class PrefillConfig:
     GemFilter: layers below it run once to score). Default: FastV's K = 2 of 32 (N / 16, at
     least 1); GemFilter's layer 13 of 32 for Llama-3.1-8B (≈ 0.4 N). ``window``: the last w
     tokens, which score and are always kept. ``sinks``: the first tokens, always kept.
+    ``score``: "attention" (I_j), or "random" (uniform scores, seeded: the control that tells
+    the scoring from the mere budget, sinks and window).
     """
 
     keep: float | int = 0.5
@@ -69,6 +71,7 @@ class PrefillConfig:
     layer: int | None = None
     window: int = 16
     sinks: int = 4
+    score: str = "attention"
 
     def __post_init__(self) -> None:
         k = self.keep
@@ -78,6 +81,8 @@ class PrefillConfig:
             raise ValueError(f"keep: a float is a ratio in (0, 1], got {k!r} (an int is a budget)")
         if isinstance(k, int) and k < 1:
             raise ValueError(f"keep: an int is a token budget ≥ 1, got {k!r}")
+        if self.score not in ("attention", "random"):
+            raise ValueError(f"score: 'attention' or 'random', got {self.score!r}")
         if self.method not in METHODS:
             raise ValueError(f"method: one of {', '.join(METHODS)}, got {self.method!r}")
         if self.layer is not None and (isinstance(self.layer, bool) or not isinstance(self.layer, int)
@@ -198,6 +203,8 @@ def prefill(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None =
     w = min(cfg.window, L)
     q, k, scaling, softcap = dec.qk(K, h, rope, w)
     scores = window_scores(q, k, real, scaling, softcap)  # (B, L)
+    if cfg.score == "random":  # the control: same budget, sinks and window, random choice
+        scores = torch.rand(real.shape, generator=torch.Generator().manual_seed(0)).to(scores) * real
     kept = select_kept(scores, real, cfg.keep, cfg.sinks, cfg.window)
     index, kmask = kept_index(kept)  # (B, K'), right aligned
     rope_k = None if rope is None else (_take(rope[0], index), _take(rope[1], index))

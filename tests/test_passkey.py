@@ -40,10 +40,15 @@ def test_run_writes_the_grid_paired_with_unpruned(tmp_path):
                            threads=0)
     out = ResultsDir.start(tmp_path, "passkey", True, cfg)
     rows = pk.run(cfg, out, progress=None)["rows"]
-    assert [r["variant"] for r in rows] == ["unpruned", "gemfilter 0.5"]
+    assert [r["variant"] for r in rows] == ["unpruned", "gemfilter 0.5", "gemfilter 0.5 random"]
+    assert rows[2]["options"]["score"] == "random"
     assert rows[0]["key_kept"] == 1.0 and rows[0]["mcnemar_p"] is None
     assert 0.0 <= rows[1]["key_kept"] <= 1.0 and 0.0 <= rows[1]["mcnemar_p"] <= 1.0
     assert (tmp_path / "summary.json").is_file() and (tmp_path / "model.safetensors").is_file()
+    # evaluating saved weights (--init) gives the same rows
+    again = pk.run(pk.PasskeyConfig(**{**cfg.__dict__, "init": str(tmp_path / "model.safetensors")}),
+                   ResultsDir.start(tmp_path / "again", "passkey", True, cfg), progress=None)["rows"]
+    assert [r["accuracy"] for r in again] == [r["accuracy"] for r in rows]
 
 
 def test_config_checks():

@@ -214,13 +214,17 @@ def test_pruning_changes_the_output_and_the_cut_matters():
     assert torch.equal(a.kept, b.kept)
     assert (a.logits - full.logits).abs().max() > 1e-3
     assert (a.logits - b.logits).abs().max() > 1e-3
+    opts = {"keep": 0.3, "window": 3, "sinks": 1, "max_new_tokens": 1}
+    att = P.generate(model, ids, mask, **opts)
+    r = P.generate(model, ids, mask, score="random", **opts)  # the control: same budget
+    assert r.kept.sum() == att.kept.sum() == 9 and not torch.equal(r.kept, att.kept)
 
 
 # -- options and refusals ---------------------------------------------------------------------------
 @pytest.mark.parametrize("opts,field", [
     ({"keep": 0.0}, "keep"), ({"keep": 1.5}, "keep"), ({"keep": 0}, "keep"), ({"keep": True}, "keep"),
     ({"method": "snapkv"}, "method"), ({"layer": -1}, "layer"), ({"layer": 4}, "layer"),
-    ({"window": 0}, "window"), ({"sinks": -1}, "sinks"),
+    ({"window": 0}, "window"), ({"sinks": -1}, "sinks"), ({"score": "norm"}, "score"),
 ])
 def test_bad_options_name_the_field(opts, field):
     ids, mask = left_padded([8])

@@ -57,6 +57,8 @@ class PasskeyConfig:
     window: int = 4
     sinks: int = 1
     threads: int = 1
+    init: str = ""  # a model.safetensors of an earlier run: evaluate it instead of training
+    random_control: bool = True  # also each (method, keep) with random scores
 
     def __post_init__(self):
         if self.vocab <= FILLER0 + 1:
@@ -124,8 +126,7 @@ def train(cfg: PasskeyConfig, progress=print) -> nn.Module:
 def evaluate(model: nn.Module, cfg: PasskeyConfig, length: int, n: int = 64, seed: int = 1,
              batch: int = 16, **prefill_options) -> dict:
     """``{"right": per-prompt bool list, "accuracy", "key_kept"}``: whether all D digits were
-    retrieved (greedy) and the share of prompts whose whole key block (KEY d₁ … d_D) the
-    pruned layers kept. ``prefill_options``: :class:`attnprune.prefill.PrefillConfig` fields
+    retrieved (greedy) and the share of prompts whose D digits the pruned layers all kept. ``prefill_options``: :class:`attnprune.prefill.PrefillConfig` fields
     (none: unpruned). The same ``seed`` gives the same prompts, so variants pair up."""
     from ..prefill import generate
 
@@ -135,7 +136,7 @@ def evaluate(model: nn.Module, cfg: PasskeyConfig, length: int, n: int = 64, see
         prompts, answers, start = passkey_batch(min(batch, n - lo), length, cfg.digits, cfg.vocab, g)
         out = generate(model, prompts, max_new_tokens=cfg.digits, **(prefill_options or {"keep": 1.0}))
         right += (out.tokens == answers).all(1).tolist()
-        block = start[:, None] + torch.arange(cfg.digits + 1)  # KEY and the digits
+        block = start[:, None] + 1 + torch.arange(cfg.digits)  # the digits d₁ … d_D
         key_kept += int(torch.gather(out.kept, 1, block).all(1).sum())
     return {"right": right, "accuracy": sum(right) / n, "key_kept": key_kept / n}
 
@@ -158,18 +159,27 @@ def run(cfg: PasskeyConfig, out, progress=print) -> dict:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    model = train(cfg, progress)
+    if cfg.init:
+        from safetensors.torch import load_file
+
+        model = build_model(cfg)
+        model.load_state_dict(load_file(cfg.init))
+        model.eval()
+    else:
+        model = train(cfg, progress)
     progress = progress or (lambda *_: None)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out.path / "model.safetensors"))
     rows = []
     for L in [x or cfg.max_len for x in cfg.eval_lengths]:
         full = evaluate(model, cfg, L, cfg.eval_n)
         variants = {"unpruned": (full, {})}
-        for m in cfg.methods:
-            for k in cfg.keeps:
-                opts = {"keep": float(k), "method": m, "layer": cfg.layer, "window": cfg.window,
-                        "sinks": cfg.sinks}
-                variants[f"{m} {k:g}"] = (evaluate(model, cfg, L, cfg.eval_n, **opts), opts)
+        for score in ("attention", "random") if cfg.random_control else ("attention",):
+            for m in cfg.methods:
+                for k in cfg.keeps:
+                    opts = {"keep": float(k), "method": m, "layer": cfg.layer, "window": cfg.window,
+                            "sinks": cfg.sinks, "score": score}
+                    label = f"{m} {k:g}" + (" random" if score == "random" else "")
+                    variants[label] = (evaluate(model, cfg, L, cfg.eval_n, **opts), opts)
         for label, (r, opts) in variants.items():
             ci = wilson_ci(sum(r["right"]), cfg.eval_n)
             b = sum(a and not c for a, c in zip(full["right"], r["right"]))  # lost by pruning
