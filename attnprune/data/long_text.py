@@ -279,7 +279,8 @@ def load_imdb() -> TextData:
 
 
 def load_long_text(spec: str) -> TextData:
-    """``shakespeare_genre``, ``shakespeare_genre:PATH`` or ``imdb`` (called by
+    """``shakespeare_genre``, ``shakespeare_genre:PATH``, ``imdb``, ``docstring_domain`` or
+    ``docstring_domain:PATH`` (:mod:`attnprune.data.docstring_domain`; called by
     :func:`attnprune.data.text.load_text_data`)."""
     if spec == "imdb":
         return load_imdb()
@@ -287,6 +288,10 @@ def load_long_text(spec: str) -> TextData:
         return load_shakespeare_genre()
     if spec.startswith("shakespeare_genre:"):
         return load_shakespeare_genre(spec.split(":", 1)[1])
+    if spec == "docstring_domain" or spec.startswith("docstring_domain:"):
+        from .docstring_domain import load_docstring_domain
+
+        return load_docstring_domain(spec.split(":", 1)[1] if ":" in spec else None)
     raise ValueError(f"data: not a long-text dataset: {spec!r}")
 
 
