@@ -163,3 +163,16 @@ def test_own_splits_refuse_overlap_missing_column_and_unseen_class(tmp_path):
         load_text_files(tr)
     with pytest.raises(DataError, match=r"data.txt: unknown file type '.txt'"):
         load_text_files(tr, test_file=tmp_path / "data.txt")
+
+
+def test_glue_offline_is_one_line(monkeypatch):
+    import datasets
+
+    def offline(*a, **k):
+        raise ConnectionError("Couldn't reach 'glue' on the Hub (LocalEntryNotFoundError)\nmore")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(DataError, match=r"^data: glue/sst2 needs the hub or a local datasets "
+                                        r"cache, and neither answered \(ConnectionError: "
+                                        r"Couldn't reach 'glue' on the Hub \(LocalEntryNotFoundError\)\); use a file"):
+        load_text_data("glue/sst2")

@@ -453,7 +453,13 @@ def _load_glue(name: str, task: str = "auto") -> TextData:
         raise ValueError(f"task: glue/{name} is a {kind} task, got task={task!r}")
     import datasets
 
-    ds = datasets.load_dataset("glue", name)  # needs the hub (or a local cache)
+    try:
+        ds = datasets.load_dataset("glue", name)  # needs the hub (or a local cache)
+    except Exception as e:  # noqa: BLE001 (offline, no cache, hub errors: one line, not the hub client's traceback)
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise DataError(f"data: glue/{name} needs the hub or a local datasets cache, and "
+                        f"neither answered ({type(e).__name__}: {first}); use a file (--data "
+                        "PATH.csv) offline") from None
     dtype = np.float32 if regression else np.int64
 
     def columns(split):
