@@ -998,9 +998,9 @@ def _one_class_warnings(preds: dict, results: ResultsDir) -> list[str]:
             c = int(pred[0])
             name = names[c] if c < len(names) else str(c)
             out.append(f"{label} (seed {seed}) predicts one class, {name!r}, for every test row "
-                       f"(accuracy {float((pred == y).mean()):.4f} = its share, MCC 0): it "
-                       "learned only the majority class; train longer (--epochs), on more rows, "
-                       "or with another --lr")
+                       f"(MCC 0; its score {float((pred == y).mean()):.4f} is that class's "
+                       "share): it learned only the majority class; train longer (--epochs), on "
+                       "more rows, or with another --lr")
     return out
 
 

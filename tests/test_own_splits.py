@@ -102,7 +102,7 @@ def test_plain_csv_path_majority_warning_and_bounded_interval(tiny, tmp_path, ca
     s = json.loads((out / "summary.json").read_text())
     assert len(s["warnings"]) == 2
     assert s["warnings"][0].startswith("full (seed 0) predicts one class, 'neg', for every test "
-                                       "row (accuracy 0.7500 = its share, MCC 0)")
+                                       "row (MCC 0; its score 0.7500 is that class's share)")
     assert s["warnings"][1].startswith("full (seed 1) predicts one class, 'pos'")
     printed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("warning:")]
     assert printed == [f"warning: {w}" for w in s["warnings"]]
