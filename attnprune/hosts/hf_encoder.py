@@ -777,7 +777,9 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
                 run.kwargs.pop("position_ids", None)
                 call.gather_time_s += time.perf_counter() - t1
                 continue
-        g, index = gather_tokens(hidden, keep, index, size=_width(run, keep, rho))
+        width = _width(run, keep, rho)
+        g, index = (gather_tokens(hidden, keep, index) if width is None
+                    else gather_tokens(hidden, keep, index, size=width))
         hidden, mask = g.hidden, g.mask
         protect = torch.gather(protect, 1, g.index) & mask  # follows its tokens
         gathered = True
