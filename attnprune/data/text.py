@@ -294,7 +294,8 @@ def load_text_data(spec: str, text_column: str = "text", label_column: str = "la
     _check_task(task)
     if spec.startswith("glue/"):
         return _load_glue(spec[5:], task)
-    if spec in ("imdb", "shakespeare_genre") or spec.startswith("shakespeare_genre:"):
+    if spec in ("imdb", "shakespeare_genre", "docstring_domain") or spec.startswith(
+            ("shakespeare_genre:", "docstring_domain:")):
         from .long_text import load_long_text  # imports this module: load it on first use
 
         return load_long_text(spec)
@@ -309,7 +310,8 @@ def load_text_data(spec: str, text_column: str = "text", label_column: str = "la
     else:
         raise DataError(f"data: unknown dataset {spec!r}; use 'tweets', a .csv / .jsonl path, "
                          "'csv:PATH', 'jsonl:PATH', 'glue/<task>', 'shakespeare_genre', "
-                         "'shakespeare_genre:PATH' or 'imdb'")
+                         "'shakespeare_genre:PATH', 'docstring_domain' (built by "
+                         "scripts/build_docstring_domain.py) or 'imdb'")
     texts, pairs, raw, lines = _columns(_read_rows(path, kind), path, text_column, label_column,
                                         text_pair_column)
     if len(texts) < 10:
