@@ -14,10 +14,10 @@ Importing the package has no side effects: no threads set, no files written, no 
 """
 
 from . import sparse_ffn
-from .api import aux_loss, list_methods, patch, patch_state, unpatch
+from .api import UntrainedMethodWarning, aux_loss, list_methods, patch, patch_state, unpatch
 from .deploy import quantize_int8
 from .hub import from_pretrained, save_pretrained
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "aux_loss", "from_pretrained", "list_methods", "patch", "patch_state",
+__all__ = ["UntrainedMethodWarning", "__version__", "aux_loss", "from_pretrained", "list_methods", "patch", "patch_state",
            "quantize_int8", "save_pretrained", "sparse_ffn", "unpatch"]

@@ -31,6 +31,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "encoder"): ("attnprune.bench.encoder:main", "speed and FLOPs of token pruning on an encoder"),
     ("bench", "attention"): ("attnprune.bench.attention:main", "speed of attention-level methods"),
     ("bench", "lm"): ("attnprune.bench.lm:main", "speed and FLOPs of causal-LM token pruning"),
+    ("bench", "prefill"): ("attnprune.bench.prefill:main",
+                           "time to first token: FastV / GemFilter prefill pruning vs the stock prefill"),
     ("bench", "gpu"): ("attnprune.bench.gpu:main",
                        "full vs pruned vs shallower vs int8 on a GPU in bf16 (or --device cpu)"),
     ("bench", "flex"): ("attnprune.bench.flex:main",
