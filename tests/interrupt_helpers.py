@@ -40,6 +40,14 @@ def assert_group_gone(pgid: int, timeout: float = 15.0) -> None:
         check=False).stdout
 
 
+def _default_sigint() -> None:
+    """In the child, before Python starts: SIGINT back to its default. A shell starts
+    background jobs (``make test &``, a CI runner's ``cmd &``) with SIGINT ignored, children
+    inherit that, and Python then never turns SIGINT into KeyboardInterrupt: the command would
+    run to its end and the test would measure the shell, not the command."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def ctrl_c(argv: list[str], ready: Callable[[], bool], *, settle: float = 0.0,
            timeout: float = 300.0) -> tuple[int, str, str, float, int]:
     """Run ``python -m attnprune *argv`` in a new session, wait until ``ready()``, then
@@ -49,7 +57,7 @@ def ctrl_c(argv: list[str], ready: Callable[[], bool], *, settle: float = 0.0,
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     p = subprocess.Popen([sys.executable, "-m", "attnprune", *argv], cwd=REPO, env=env,
                          start_new_session=True, text=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
+                         stderr=subprocess.PIPE, preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + timeout
         while not ready():
