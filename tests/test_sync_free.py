@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import pickle
 import threading
 
@@ -129,6 +130,7 @@ def test_sync_free_path_equals_the_cpu_path(method, cls):
         st = attnprune.patch_state(model).stats
         stats.append((st["real_tokens"], st["kept_per_layer"]))
         assert isinstance(st, LazyStats) == free
+        assert json.loads(json.dumps(dict(st)))["real_tokens"] == st["real_tokens"]
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
     assert stats[0] == stats[1]
     assert stats[0][1][-1] < stats[0][0], "nothing was pruned: the comparison says nothing"

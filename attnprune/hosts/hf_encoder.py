@@ -105,7 +105,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -549,59 +549,35 @@ def _clock(run) -> float:
     return 0.0 if run.static else time.perf_counter()
 
 
-class LazyStats(dict):
+class LazyStats(Mapping):
     """The last forward's statistics, whose counts stayed on the device (sync-free path):
     converted to numbers the first time ``stats`` is read, so the forward itself never
-    waits for the device."""
+    waits for the device. A read-only mapping (``dict(stats)`` for a plain dict, e.g. to
+    write it as JSON: a dict subclass would let ``json.dumps`` see it empty)."""
 
     def __init__(self, make) -> None:
-        super().__init__()
         self._make = make
+        self._data: dict | None = None
 
-    def _fill(self) -> None:
-        if self._make is not None:
-            make, self._make = self._make, None
-            self.update(make())
+    def _fill(self) -> dict:
+        if self._data is None:
+            self._data, self._make = self._make(), None
+        return self._data
 
     def __getitem__(self, key):
-        self._fill()
-        return super().__getitem__(key)
-
-    def get(self, key, default=None):
-        self._fill()
-        return super().get(key, default)
-
-    def __contains__(self, key) -> bool:
-        self._fill()
-        return super().__contains__(key)
+        return self._fill()[key]
 
     def __iter__(self):
-        self._fill()
-        return super().__iter__()
+        return iter(self._fill())
 
     def __len__(self) -> int:
-        self._fill()
-        return super().__len__()
-
-    def keys(self):
-        self._fill()
-        return super().keys()
-
-    def items(self):
-        self._fill()
-        return super().items()
-
-    def values(self):
-        self._fill()
-        return super().values()
+        return len(self._fill())
 
     def __repr__(self) -> str:
-        self._fill()
-        return super().__repr__()
+        return f"LazyStats({self._fill()!r})"
 
     def __reduce__(self):  # a copy or pickle of the stats holds the numbers
-        self._fill()
-        return (dict, (dict(self),))
+        return (dict, (dict(self._fill()),))
 
 
 # ----------------------------------------------------------------------------- the loop
