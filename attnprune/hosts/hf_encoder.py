@@ -659,9 +659,9 @@ def _run(state: HFEncoderState, call: _Call, original, hidden_states, attention_
         "select_time_s": call.select_time_s,  # A⁽ˡ⁾ + the method's scoring and top-k
         "gather_time_s": call.gather_time_s,  # gather, scatter, the new masks, groups
     }
-    if free:  # counts stay on the device until read; host timers would time launches only
+    if free:  # counts stay on the device until read (host timers: launches only, on a GPU)
         kept, padded, real = run.kept, run.padded, mask.sum()
-        state.stats = LazyStats(lambda: _stats(kept, padded, real, n, None))
+        state.stats = LazyStats(lambda: _stats(kept, padded, real, n, times))
     else:
         state.stats = _stats(run.kept, run.padded, mask.sum(), n, times)
     return state.output_cls(last_hidden_state=hidden_states)
