@@ -1,0 +1,80 @@
+"""scripts/kvpress_side_by_side.py: merging the two sides' JSON (runs without kvpress installed)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "kvpress_side_by_side.py"
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("kvpress_side_by_side", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _row(variant, side, right, ttft, kept=1.0, cache=1.0):
+    n = len(right)
+    return {"length": 8, "variant": variant, "side": side, "kept": kept, "method": variant.split()[0],
+            "right": right, "ttft_cpu_ms": ttft, "ttft_wall_ms": [2 * t for t in ttft],
+            "decode_cpu_ms": [0.5] * n, "decode_wall_ms": [1.0] * n,
+            "cache_kept": [cache] * n, "prompt_kept": [kept] * n}
+
+
+def _sides():
+    base = [True, True, True, False]
+    ours = {"side": "attnprune", "env": {"transformers": "5.24"}, "rows": [
+        _row("unpruned", "attnprune", base, [4.0, 4.0, 4.0, 4.0]),
+        _row("fastv 0.5", "attnprune", [True, False, True, True], [2.0, 2.0, 3.0, 3.0], 0.5, 0.75)]}
+    kvp = {"side": "kvpress", "env": {"transformers": "5.2.0", "kvpress": "0.5.5"}, "question": "after",
+           "rows": [_row("unpruned", "kvpress", base, [5.0] * 4),
+                    _row("snapkv 0.5", "kvpress", [False, False, True, False], [5.0, 5.0, 6.0, 6.0], 0.5, 0.5),
+                    {"length": 8, "variant": "knorm 0.5", "side": "kvpress", "kept": 0.5, "method": "knorm",
+                     "error": "RuntimeError: boom"}]}
+    return [ours, kvp]
+
+
+def test_merge_pairs_each_side_with_its_own_unpruned(script):
+    s = script.merge(_sides())
+    rows = {(r["side"], r["variant"]): r for r in s["rows"]}
+    fv = rows["attnprune", "fastv 0.5"]
+    assert fv["accuracy"] == 0.75 and fv["diff_vs_unpruned"] == 0.0
+    assert (fv["lost"], fv["gained"]) == (1, 1) and fv["mcnemar_p"] == pytest.approx(1.0)
+    assert fv["ttft_ratio_cpu"] == pytest.approx(2.5 / 4.0) and fv["ttft_ratio_wall"] == pytest.approx(2.5 / 4.0)
+    assert fv["cache_kept"] == 0.75 and fv["decode_cpu_ms"] == 0.5
+    snap = rows["kvpress", "snapkv 0.5"]
+    assert snap["accuracy"] == 0.25 and (snap["lost"], snap["gained"]) == (2, 0)
+    assert snap["mcnemar_p"] == pytest.approx(0.5)  # exact: 2 discordant, both lost
+    assert snap["ttft_ratio_cpu"] == pytest.approx(5.5 / 5.0)
+    lo, hi = snap["ci95"]
+    assert lo < 0.25 < hi
+    assert rows["kvpress", "knorm 0.5"]["error"] == "RuntimeError: boom"
+    assert rows["attnprune", "unpruned"]["mcnemar_p"] is None
+    assert s["unpruned_agree"] == {"8": True}
+    assert s["kvpress_question"] == "after"
+    assert s["env"]["kvpress"]["kvpress"] == "0.5.5"
+    order = [(r["side"], r["variant"]) for r in s["rows"]]
+    assert order[0] == ("attnprune", "unpruned") and order[2] == ("kvpress", "unpruned")
+
+
+def test_merge_flags_disagreeing_unpruned_sides(script):
+    sides = _sides()
+    sides[1]["rows"][0]["right"] = [True] * 4
+    assert script.merge(sides)["unpruned_agree"] == {"8": False}
+
+
+def test_merge_dir_writes_summary_and_table(script, tmp_path, capsys):
+    ours, kvp = _sides()
+    (tmp_path / "ours.json").write_text(json.dumps(ours))
+    (tmp_path / "kvpress.json").write_text(json.dumps(kvp))
+    assert script.main(["merge", "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "table.md").read_text().splitlines()
+    assert len(table) == 2 + 5  # header, rule, 5 rows
+    assert "| 8 | attnprune | fastv 0.5 | 0.50 (0.75) | 0.750 [" in table[3]
+    assert "| 8 | kvpress | knorm 0.5 | — | RuntimeError: boom |" in "\n".join(table)
+    assert json.loads((tmp_path / "summary.json").read_text())["rows"][0]["variant"] == "unpruned"
+    assert "fastv 0.5" in capsys.readouterr().out
