@@ -57,7 +57,8 @@ def ctrl_c(argv: list[str], ready: Callable[[], bool], *, settle: float = 0.0,
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     p = subprocess.Popen([sys.executable, "-m", "attnprune", *argv], cwd=REPO, env=env,
                          start_new_session=True, text=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, preexec_fn=_default_sigint)
+                         stderr=subprocess.PIPE,
+                         preexec_fn=_default_sigint)  # noqa: PLW1509 (test process, no threads forked here)
     try:
         deadline = time.monotonic() + timeout
         while not ready():
