@@ -77,7 +77,7 @@ def figure(path) -> None:
 
 
 def ci(mean):
-    return {"mean": mean, "ci95": [mean - LONG / 10, mean + LONG / 10], "per_seed": [mean, mean]}
+    return {"mean": mean, "ci95": [mean - LONG / 10, mean + LONG / 10], "per_seed": [mean] * 3}
 
 
 COMP = {"a": "entropy", "b": "full", "metric": "accuracy", "diff": -LONG / 100,
@@ -253,7 +253,8 @@ def test_accuracy_intervals_stay_inside_their_range(tmp_path):
                  "val_loss": {"mean": 0.5, "ci95": [-0.2, 1.2]},  # not bounded: shown as is
                  "test_accuracy": {"mean": 57.75, "ci95": [3.749, 111.8]}}}}))  # a percent
     cells = Page(build(folder).read_text()).text
-    assert "0.5775 [0.03749, 1]" in cells and "1.118" not in " ".join(cells)
+    # 2 seeds: the two values, no interval; no per-seed values: the interval, cut
+    assert "0.5775 (0.535, 0.620; n = 2)" in cells and "1.118" not in " ".join(cells)
     assert "0.2000 [-1, 1]" in cells
     assert "0.5000 [-0.2000, 1.200]" in cells
     assert "57.75 [3.749, 100]" in cells

@@ -26,9 +26,14 @@ def _curves(records: list[dict], label: str, key: str) -> np.ndarray:
 
 
 def _band(ax, x, arr, label, style="-"):
+    """Mean curve with a band: ± 1 s.d. over 3 or more seeds; with 2 seeds the band runs
+    between the two seeds' curves (their s.d. would be a guess from one difference)."""
     mean = np.nanmean(arr, axis=0)
     line, = ax.plot(x, mean, style, label=label)
-    if arr.shape[0] > 1:
+    if arr.shape[0] == 2:
+        ax.fill_between(x, np.nanmin(arr, axis=0), np.nanmax(arr, axis=0),
+                        color=line.get_color(), alpha=0.15)
+    elif arr.shape[0] > 2:
         sd = np.nanstd(arr, axis=0, ddof=1)
         ax.fill_between(x, mean - sd, mean + sd, color=line.get_color(), alpha=0.15)
     return line
@@ -45,7 +50,9 @@ def _history_figure(records, labels, keys, ylabel, title):
                       style)
     ax.set_xlabel("epoch")
     ax.set_ylabel(ylabel)
-    ax.set_title(title + " (mean ± 1 s.d. over seeds)")
+    n = max((_curves(records, lab, keys[0][0]).shape[0] for lab in labels), default=0)
+    ax.set_title(title + (" (mean; band: the 2 seeds)" if n == 2
+                          else " (mean ± 1 s.d. over seeds)"))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     return fig
@@ -56,20 +63,38 @@ def _bar(summary, labels, metric, ylabel, title):
     m = summary["methods"]
     if metric == "kept_tokens":
         vals = [m[lab]["kept_tokens"] for lab in labels]
-        err = None
+        lo = hi = seeds = []
     else:
         vals = [m[lab][metric]["mean"] for lab in labels]
         lo = [m[lab][metric]["ci95"][0] for lab in labels]
         hi = [m[lab][metric]["ci95"][1] for lab in labels]
-        err = None if None in lo else np.array([[v - a for v, a in zip(vals, lo, strict=True)],
-                                                [b - v for v, b in zip(vals, hi, strict=True)]])
-    ax.bar(range(len(labels)), vals, yerr=err, capsize=4, color="#4C72B0")
+        seeds = [m[lab][metric].get("per_seed") or [] for lab in labels]
+    ax.bar(range(len(labels)), vals, color="#4C72B0")
     ax.set_xticks(range(len(labels)), labels, rotation=25, ha="right")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     if metric != "kept_tokens":
         lo_all = min(v for v in vals if v is not None)
-        ax.set_ylim(max(0.0, lo_all - 0.1), min(1.0, max(vals) + 0.05))
+        ymin, ymax = max(0.0, lo_all - 0.1), min(1.0, max(vals) + 0.05)
+        if all(len(s) == 2 for s in seeds):
+            # 2 seeds: the two values as dots, no interval (t = 12.7 on 1 df)
+            for i, s in enumerate(seeds):
+                ax.plot([i, i], s, "o", color="#222", ms=4, zorder=3)
+            ymin = max(0.0, min([ymin, *(x - 0.02 for s in seeds for x in s)]))
+            ymax = min(1.0, max([ymax, *(x + 0.02 for s in seeds for x in s)]))
+            ax.set_title(f"{title.split(' (')[0]} (n = 2 seeds: dots are the seeds)")
+        elif None not in lo and None not in hi:
+            # error bars clipped to the axis, so one wide interval cannot squash the others
+            clo = [max(a, ymin) for a in lo]
+            chi = [min(b, ymax) for b in hi]
+            ax.errorbar(range(len(labels)), vals,
+                        yerr=np.array([[v - a for v, a in zip(vals, clo, strict=True)],
+                                       [b - v for v, b in zip(vals, chi, strict=True)]]),
+                        fmt="none", ecolor="#222", capsize=4)
+            if any(a < ymin for a in lo) or any(b > ymax for b in hi):
+                ax.text(0.99, 0.01, "error bars clipped to the axis", transform=ax.transAxes,
+                        ha="right", va="bottom", fontsize=7, color="#a00")
+        ax.set_ylim(ymin, ymax)
     for i, v in enumerate(vals):
         ax.text(i, v, f"{v:.3f}" if metric != "kept_tokens" else f"{v:.1f}", ha="center",
                 va="bottom", fontsize=8)
