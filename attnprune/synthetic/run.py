@@ -489,14 +489,18 @@ def measure_efficiency(cfg: SyntheticConfig, results: ResultsDir, runs: list[Run
 
 
 # ----------------------------------------------------------------------------- aggregation
-def _agg(values: list[float]) -> dict:
-    """Mean, 95 % t-interval over seeds and per-seed values; one seed → no interval (None)."""
+UNIT = (0.0, 1.0)  # the range of proportions, AUC and ECE
+
+
+def _agg(values: list[float], bounds: tuple[float, float] | None = None) -> dict:
+    """Mean, 95 % t-interval over seeds (cut to ``bounds``, the metric's range: 2 seeds gave
+    accuracy intervals like [0.037, 1.118]) and per-seed values; one seed → no interval."""
     v = [x for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))]
     if not v:
         return {"mean": None, "ci95": [None, None], "per_seed": list(values)}
     if len(v) == 1:
         return {"mean": float(v[0]), "ci95": [None, None], "per_seed": list(values)}
-    return stats.aggregate_seeds(v)
+    return stats.aggregate_seeds(v, bounds=bounds)
 
 
 def _pool_reliability(recs: list[dict], part: str) -> dict | None:
@@ -523,28 +527,28 @@ def _method_summary(recs: list[dict], eff: dict | None) -> dict:
         return vals
 
     s = {
-        "accuracy": _agg(col("accuracy")),
-        "auc": _agg(col("auc")),
+        "accuracy": _agg(col("accuracy"), UNIT),
+        "auc": _agg(col("auc"), UNIT),
         "seeds": [r["seed"] for r in recs],
         "kept_tokens": float(np.mean(col("kept"))),
         "kept_ratio": float(np.mean(col("kept_ratio"))),
-        "oracle_overlap": _agg(col("oracle_overlap")),
+        "oracle_overlap": _agg(col("oracle_overlap"), UNIT),
         "flip_kept": _agg(col("flip_kept")),
-        "ece": _agg(col("classifier.ece")),
-        "ece_heldout": _agg(col("classifier.ece_heldout")),
-        "ece_heldout_temp": _agg(col("classifier.ece_heldout_temp")),
+        "ece": _agg(col("classifier.ece"), UNIT),
+        "ece_heldout": _agg(col("classifier.ece_heldout"), UNIT),
+        "ece_heldout_temp": _agg(col("classifier.ece_heldout_temp"), UNIT),
         "temperature": _agg(col("classifier.temperature")),
         "val_loss": _agg(col("val_loss")),
     }
     if any("signal_auc" in r for r in recs):
-        s["signal_auc"] = _agg(col("signal_auc"))
+        s["signal_auc"] = _agg(col("signal_auc"), UNIT)
     if any("gate" in r for r in recs):
         s["gate_calibration"] = {
-            "ece": _agg(col("gate.ece")),
-            "ece_heldout": _agg(col("gate.ece_heldout")),
-            "ece_heldout_temp": _agg(col("gate.ece_heldout_temp")),
+            "ece": _agg(col("gate.ece"), UNIT),
+            "ece_heldout": _agg(col("gate.ece_heldout"), UNIT),
+            "ece_heldout_temp": _agg(col("gate.ece_heldout_temp"), UNIT),
             "temperature": _agg(col("gate.temperature")),
-            "ece_signal_tokens": _agg(col("gate.ece_signal_tokens")),
+            "ece_signal_tokens": _agg(col("gate.ece_signal_tokens"), UNIT),
         }
     if eff is not None:
         s["flops"] = {"measured": eff["flops_measured"], "relative": eff["flops_relative"],
