@@ -112,7 +112,7 @@ def _load(out: Path):
     cfg = pk.PasskeyConfig()
     model = pk.build_model(cfg)
     model.load_state_dict(load_file(str(out / "model.safetensors")))
-    return model.eval(), cfg, torch.load(out / "prompts.pt")
+    return model.eval(), cfg, torch.load(out / "prompts.pt", weights_only=True)
 
 
 class _Clock:

@@ -232,7 +232,7 @@ def test_ltp_calibration_agrees_across_ranks(tmp_path):
     init = tmp_path / "store"
     mp.start_processes(_ltp_rank, args=(2, str(init), str(tmp_path)), nprocs=2, join=True,
                        start_method="spawn")
-    t0, t1 = (torch.load(tmp_path / f"theta{r}.pt") for r in (0, 1))
+    t0, t1 = (torch.load(tmp_path / f"theta{r}.pt", weights_only=True) for r in (0, 1))
     model = _ltp_model().train()
     assert not torch.equal(t0, model.attnprune_method.theta.detach())  # it was calibrated
     torch.testing.assert_close(t0, t1, rtol=0, atol=0)

@@ -197,8 +197,6 @@ def test_readme_uses_run_as_written(tmp_path, monkeypatch):
 
 def test_command_modules_outside_the_cli_table_use_their_config(repo):
     # ``python -m attnprune.<module>`` of a command module reads options into its config dataclass
-    if importlib.util.find_spec("attnprune.bench.prefill") is None:
-        pytest.skip("no command module outside the CLI table to try")
     ok = _page(repo, GOOD + "\n`python -m attnprune.bench.prefill --clock cpu --out DIR`\n")
     assert ok == []
     errs = _page(repo, GOOD + "\n`python -m attnprune.bench.prefill --clokc cpu --out DIR`\n")

@@ -174,6 +174,30 @@ def test_meta_check_catches_a_read():
 
 
 # ----------------------------------------------------------------------------- threads
+def _concurrent(calls, ref, rounds: int, n_threads: int = 4):
+    """Run ``calls`` from ``n_threads`` threads, each going round the list ``rounds`` times
+    from its own start; returns ((thread, call) pairs whose output differs from ``ref``,
+    the errors raised)."""
+    wrong, errors = [], []
+
+    def work(t):
+        try:
+            with torch.no_grad():
+                for r in range(rounds):
+                    j = (t + r) % len(calls)
+                    if not torch.allclose(calls[j](), ref[j], atol=1e-5):
+                        wrong.append((t, j))
+        except Exception as e:  # noqa: BLE001 - returned to the test, which asserts on it
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return wrong, errors
+
+
 def test_threads_share_one_patched_model():
     """4 threads × batches of different shapes through one patched BERT equal the same calls
     made one after another (per-call data lives on the calling thread)."""
@@ -184,26 +208,10 @@ def test_threads_share_one_patched_model():
     batches = [_batch(B, L, seed=i) for i, (B, L) in enumerate(shapes)]
     with torch.no_grad():
         ref = [model(input_ids=i, attention_mask=a).logits for i, a in batches]
-    errors, results = [], {}
-
-    def work(t):
-        try:
-            with torch.no_grad():
-                for r in range(30):
-                    j = (t + r) % len(batches)
-                    out = model(input_ids=batches[j][0], attention_mask=batches[j][1]).logits
-                    if not torch.allclose(out, ref[j], atol=1e-5):
-                        results.setdefault(t, []).append(j)
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(repr(e))
-
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    calls = [lambda b=b: model(input_ids=b[0], attention_mask=b[1]).logits for b in batches]
+    wrong, errors = _concurrent(calls, ref, rounds=30)
     assert not errors, errors
-    assert not results, f"calls scored with another call's data: {results}"
+    assert not wrong, f"calls scored with another call's data: {wrong}"
 
 
 # ----------------------------------------------------------------------------- flags, back-ends
@@ -335,21 +343,5 @@ def test_threads_share_one_patched_decoder():
     with torch.no_grad():
         ref = [model(p).logits for p in prompts]
     assert min(attnprune.patch_state(model).stats["kept_per_layer"]) < 1.0  # it prunes
-    bad, errors = [], []
-
-    def work(t):
-        try:
-            with torch.no_grad():
-                for r in range(25):
-                    j = (t + r) % len(prompts)
-                    if not torch.allclose(model(prompts[j]).logits, ref[j], atol=1e-5):
-                        bad.append((t, j))
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(repr(e))
-
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors and not bad, (errors, bad)
+    wrong, errors = _concurrent([lambda p=p: model(p).logits for p in prompts], ref, rounds=25)
+    assert not errors and not wrong, (errors, wrong)
