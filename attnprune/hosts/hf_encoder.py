@@ -284,6 +284,13 @@ class _Call:
         self.scorer_time_s = self.select_time_s = self.gather_time_s = 0.0
 
 
+def _of_the_call(name: str) -> property:
+    """A state attribute that reads and writes the running call's ``name`` (:class:`_Call`)."""
+    return property(lambda state: getattr(state.call(), name),
+                    lambda state, value: setattr(state.call(), name, value),
+                    doc=f"the running call's ``{name}``")
+
+
 class HFEncoderState(PatchState):
     """What the patch leaves on the model: the schedule, the hooks, the last forward's stats.
 
@@ -347,29 +354,9 @@ class HFEncoderState(PatchState):
 
     # The family anatomies (hf_encoder_families) read and write these as state attributes;
     # they are the running call's.
-    @property
-    def family_cache(self) -> dict:
-        return self.call().family_cache
-
-    @family_cache.setter
-    def family_cache(self, value: dict) -> None:
-        self.call().family_cache = value
-
-    @property
-    def family_index(self) -> Tensor | None:
-        return self.call().family_index
-
-    @family_index.setter
-    def family_index(self, value: Tensor | None) -> None:
-        self.call().family_index = value
-
-    @property
-    def family_positions(self) -> Tensor | None:
-        return self.call().family_positions
-
-    @family_positions.setter
-    def family_positions(self, value: Tensor | None) -> None:
-        self.call().family_positions = value
+    family_cache = _of_the_call("family_cache")
+    family_index = _of_the_call("family_index")
+    family_positions = _of_the_call("family_positions")
 
     def protect_tensor(self, device) -> Tensor | None:
         """``protect_ids`` as a long tensor on ``device``, made once: building it in every
