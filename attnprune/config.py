@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import types
 import typing
 from pathlib import Path
@@ -289,6 +290,9 @@ def parse_command_line(argv: list[str], cls: type[T], default_out: str = "result
     given. ``defaults`` (e.g. a preset) sit under the folder's options, the file and the
     overrides.
     """
+    if "--help" in argv or "-h" in argv:  # a command run as ``python -m`` documents itself too
+        print_help(sys.modules[cls.__module__].__doc__, cls)
+        raise SystemExit(0)
     opts = parse_overrides(argv)
     config_path = opts.pop("config", None)
     if config_path is True:

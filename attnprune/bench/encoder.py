@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .. import api
-from ..config import parse_command_line, print_help
+from ..config import parse_command_line
 from ..measure import count_flops, env_info, peak_memory, time_fn
 from ..results import ResultsDir
 from ..selection import check_keep_ratio
@@ -282,9 +282,6 @@ def run(cfg: BenchEncoderConfig, results: ResultsDir) -> dict:
 
 def main(argv: list[str]) -> int:
     """``attnprune bench encoder [--quick] [--key value ...] --out DIR``."""
-    if "--help" in argv or "-h" in argv:
-        print_help(__doc__, BenchEncoderConfig)
-        return 0
     cl = parse_command_line(argv, BenchEncoderConfig, default_out="results")
     cfg = cl.config
     if cfg.threads:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import api
-from ..config import parse_command_line, print_help
+from ..config import parse_command_line
 from ..measure import env_info, time_interleaved
 from ..results import ResultsDir
 from ..selection import check_keep_ratio
@@ -311,9 +311,6 @@ def run(cfg: BenchGPUConfig, results: ResultsDir) -> dict:
 
 def main(argv: list[str]) -> int:
     """``attnprune bench gpu [--device cuda] [--dtype bf16] [--quick true] --out DIR``."""
-    if "--help" in argv or "-h" in argv:
-        print_help(__doc__, BenchGPUConfig)
-        return 0
     cl = parse_command_line(argv, BenchGPUConfig, default_out="results")
     results = ResultsDir.start(cl.out, "bench-gpu", cl.exact_out, cl.config)
     summary = run(cl.config, results)

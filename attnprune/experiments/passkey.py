@@ -197,12 +197,9 @@ def run(cfg: PasskeyConfig, out, progress=print) -> dict:
 
 def main(argv: list[str]) -> int:
     """``python -m attnprune.experiments.passkey [--key value ...] --out DIR``."""
-    from ..config import parse_command_line, print_help
+    from ..config import parse_command_line
     from ..results import ResultsDir
 
-    if "--help" in argv or "-h" in argv:
-        print_help(__doc__, PasskeyConfig)
-        return 0
     cl = parse_command_line(argv, PasskeyConfig, default_out="results")
     out = ResultsDir.start(cl.out, "passkey", cl.exact_out, cl.config)
     run(cl.config, out)
