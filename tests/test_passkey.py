@@ -56,3 +56,59 @@ def test_config_checks():
         pk.PasskeyConfig(vocab=10)
     with pytest.raises(ValueError, match="digits"):
         pk.PasskeyConfig(digits=0)
+
+
+def test_device_and_training_fields_are_checked():
+    with pytest.raises(ValueError, match="device"):
+        pk.PasskeyConfig(device="gpu")
+    with pytest.raises(ValueError, match="budget_s"):
+        pk.PasskeyConfig(budget_s=-1.0)
+    assert pk.training_device(pk.PasskeyConfig(device="cpu")).type == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="cuda"):
+            pk.training_device(pk.PasskeyConfig(device="cuda"))
+
+
+def test_batch_tokens_and_time_budget_shape_the_training():
+    cfg = pk.PasskeyConfig(width=32, layers=2, heads=2, kv_heads=1, ffn=64, steps=3, batch=2,
+                           min_len=16, max_len=24, batch_tokens=200, device="cpu")
+    log = []
+    pk.train(cfg, progress=None, log=log)
+    assert log[0]["batch"] == max(2, 200 // log[0]["length"]) and log[-1]["steps_done"] == 3
+    # a budget already spent after the first step ends the schedule there
+    log = []
+    pk.train(pk.PasskeyConfig(**{**cfg.__dict__, "steps": 50, "budget_s": 1e-9}), progress=None, log=log)
+    assert log[-1]["steps_done"] == 1
+
+
+def test_train_only_saves_weights_that_load_back_the_same(tmp_path):
+    import json
+
+    from attnprune.results import ResultsDir
+
+    cfg = pk.PasskeyConfig(width=32, layers=2, heads=2, kv_heads=1, ffn=64, steps=4, batch=4,
+                           min_len=16, max_len=24, device="cpu", train_only=True, check_n=8,
+                           eval_lengths=(0, 16), threads=0)
+    out = ResultsDir.start(tmp_path, "passkey", True, cfg)
+    summary = pk.run(cfg, out, progress=None)
+    assert not (tmp_path / "summary.json").exists()  # no evaluation grid
+    assert set(summary["check"]) == {"24", "16"} and summary["steps_done"] == 4
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["width"] == 32 and saved["device"] == "cpu" and saved["train_only"] is True
+    assert json.loads((tmp_path / "train.json").read_text())["check"] == summary["check"]
+    model = pk.load_model(pk.PasskeyConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                             for k, v in saved.items()}),
+                          tmp_path / "model.safetensors")
+    # the same weights: the same quick check as at the end of training, and the same logits
+    assert pk.quick_check(model, cfg, 24, 8) == summary["check"]["24"]
+    again = pk.train(cfg, progress=None)
+    ids = pk.passkey_batch(2, 24, 2, 64, torch.Generator().manual_seed(3))[0]
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, again(ids).logits)
+
+
+def test_quick_check_agrees_with_greedy_retrieval():
+    cfg = pk.PasskeyConfig(width=32, layers=2, heads=2, kv_heads=1, ffn=64, steps=30, batch=8,
+                           min_len=16, max_len=24, device="cpu")
+    model = pk.train(cfg, progress=None)
+    assert pk.quick_check(model, cfg, 24, n=32, batch=16) == pk.accuracy(model, cfg, 24, n=32, batch=16)

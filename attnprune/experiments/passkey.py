@@ -14,14 +14,23 @@ Vocabulary: 0 BOS / pad, 1 KEY, 2 QUERY, 3 … 12 the digits, 13 … V−1 fille
 
 Training (:func:`train`): the LM loss on the answer digits only, prompts of random length in
 [``min_len``, ``max_len``] (the upper end growing over the first half of training; RoPE does not extrapolate far past the trained lengths: evaluate
-at lengths ≤ ``max_len``), AdamW. This is a start: the sizes that reach ≥ 95 % unpruned at
-512–2k tokens on a CPU budget are not settled yet.
+at lengths ≤ ``max_len``), AdamW. ``device`` "cuda" trains on a GPU (bf16 autocast, fused AdamW; the weights stay
+fp32 and evaluation runs on the CPU); ``batch_tokens`` makes a step hold about that many prompt
+tokens (more prompts per step at short lengths); ``budget_s`` bounds the training's wall time:
+the schedule (warm-up, cosine, curriculum) runs on the larger of the step and the time
+fraction, so a slow device ends early with a fully decayed learning rate rather than being
+killed mid-schedule. ``train_only`` saves the weights (``model.safetensors``), ``config.json``
+and ``train.json`` (losses, steps done, a quick unpruned check at each evaluation length on
+the training device) and skips the evaluation grid: ``scripts/gpu_passkey.sh`` trains 3 seeds
+at prompts up to 2,048 tokens on one GPU that way.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor, nn
@@ -59,8 +68,18 @@ class PasskeyConfig:
     threads: int = 1
     init: str = ""  # a model.safetensors of an earlier run: evaluate it instead of training
     random_control: bool = True  # also each (method, keep) with random scores
+    device: str = "auto"  # training device: auto (cuda if available) | cpu | cuda
+    batch_tokens: int = 0  # > 0: a step holds max(batch, batch_tokens // length) prompts
+    budget_s: float = 0.0  # > 0: the training schedule also ends after this many seconds
+    train_only: bool = False  # train, save weights + config.json + train.json; no eval grid
+    check_n: int = 256  # train_only: prompts of the quick unpruned check per eval length
 
     def __post_init__(self):
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device: auto, cpu or cuda, got {self.device!r}")
+        if self.batch_tokens < 0 or self.budget_s < 0 or self.check_n < 0:
+            raise ValueError("batch_tokens / budget_s / check_n: must be ≥ 0, got "
+                             f"{self.batch_tokens} / {self.budget_s} / {self.check_n}")
         if self.vocab <= FILLER0 + 1:
             raise ValueError(f"vocab: must leave filler tokens above {FILLER0}, got {self.vocab}")
         if not 0 < self.digits < self.min_len // 2:
@@ -95,31 +114,103 @@ def build_model(cfg: PasskeyConfig) -> nn.Module:
     return LlamaForCausalLM(conf)
 
 
-def train(cfg: PasskeyConfig, progress=print) -> nn.Module:
-    """A tiny Llama trained on passkey prompts (loss on the answer digits only)."""
-    model = build_model(cfg).train()
+def training_device(cfg: PasskeyConfig) -> torch.device:
+    """The device ``cfg.device`` names ("auto": cuda when available; "cuda" without one:
+    RuntimeError)."""
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device: cuda asked for, but torch sees no CUDA device")
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.device)
+
+
+def _autocast(device: torch.device):
+    import contextlib
+
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train(cfg: PasskeyConfig, progress=print, log: list | None = None, checkpoint=None) -> nn.Module:
+    """A tiny Llama trained on passkey prompts (loss on the answer digits only), on
+    :func:`training_device`; returned on the CPU, fp32, in eval mode. ``log`` (a list) gets a
+    dict per logged step; ``checkpoint(model)`` is called once the schedule passes 50 % and
+    80 % (a fallback should the process be killed before the end)."""
+    device = training_device(cfg)
+    model = build_model(cfg).to(device).train()
     g = torch.Generator().manual_seed(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    fused = {"fused": True} if device.type == "cuda" else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, **fused)
     warm = max(1, cfg.steps // 20)
+    t0, marks = time.perf_counter(), [0.5, 0.8]
+    done, loss, L = 0, None, 0
     for step in range(cfg.steps):
-        lr = cfg.lr * min(1.0, (step + 1) / warm) * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
+        # schedule position: the step fraction, or the time fraction when a budget runs out first
+        tf = (time.perf_counter() - t0) / cfg.budget_s if cfg.budget_s else 0.0
+        if tf >= 1.0 and step:  # at least one step
+            break
+        tf = min(tf, 1.0)
+        if tf * cfg.steps > step:  # time-driven: the same formulas at a fractional step
+            s_, s1 = tf * cfg.steps, tf * cfg.steps + 1
+        else:
+            s_, s1 = step, step + 1
+        lr = cfg.lr * min(1.0, s1 / warm) * 0.5 * (1 + math.cos(math.pi * s_ / cfg.steps))
         for group in opt.param_groups:
             group["lr"] = lr
         # curriculum: the longest prompt grows from min_len to max_len over the first half
-        top = cfg.min_len + int((cfg.max_len - cfg.min_len) * min(1.0, 2 * (step + 1) / cfg.steps))
+        top = cfg.min_len + int((cfg.max_len - cfg.min_len) * min(1.0, 2 * s1 / cfg.steps))
         L = int(torch.randint(cfg.min_len, top + 1, (1,), generator=g))
-        prompts, answers, _ = passkey_batch(cfg.batch, L, cfg.digits, cfg.vocab, g)
+        n = max(cfg.batch, cfg.batch_tokens // L) if cfg.batch_tokens else cfg.batch
+        prompts, answers, _ = passkey_batch(n, L, cfg.digits, cfg.vocab, g)
         x = torch.cat([prompts, answers], 1)
         labels = torch.full_like(x, -100)
         labels[:, L:] = answers  # HF shifts: position L−1 (QUERY) predicts d₁
-        loss = model(x, labels=labels).loss
+        x, labels = x.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        with _autocast(device):
+            loss = model(x, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if progress and (step % 100 == 0 or step == cfg.steps - 1):
-            progress(f"step {step} L {L} loss {loss.item():.4f}")
-    return model.eval()
+        done = step + 1
+        if step % 100 == 0 or step == cfg.steps - 1:
+            value = loss.item()
+            if log is not None:
+                log.append({"step": step, "length": L, "batch": n, "loss": value, "lr": lr,
+                            "elapsed_s": round(time.perf_counter() - t0, 2)})
+            if progress:
+                progress(f"step {step} L {L} loss {value:.4f}"
+                         + (f" batch {n} lr {lr:.2e} {time.perf_counter() - t0:.1f}s"
+                            if cfg.batch_tokens or cfg.budget_s or device.type != "cpu" else ""))
+        if checkpoint is not None and marks and max(s1 / cfg.steps, tf) >= marks[0]:
+            marks.pop(0)
+            checkpoint(model)
+    if log is not None:
+        if loss is not None and (done - 1) % 100 and done != cfg.steps:  # the last step, if unlogged
+            log.append({"step": done - 1, "length": L, "loss": loss.item(),
+                        "elapsed_s": round(time.perf_counter() - t0, 2)})
+        log.append({"steps_done": done, "elapsed_s": round(time.perf_counter() - t0, 2),
+                    "device": str(device)})
+    return model.float().cpu().eval()
+
+
+@torch.inference_mode()
+def quick_check(model: nn.Module, cfg: PasskeyConfig, length: int, n: int = 256, batch: int = 64,
+                device: str | torch.device = "cpu", seed: int = 1) -> float:
+    """Unpruned retrieval accuracy in one teacher-forced forward per batch, on ``device``:
+    all D digits are the argmax at the D answer positions (the same as greedy decoding
+    retrieving them all: each greedy step then sees the true digits)."""
+    model = model.to(device)
+    g = torch.Generator().manual_seed(seed)
+    right = 0
+    for lo in range(0, n, batch):
+        prompts, answers, _ = passkey_batch(min(batch, n - lo), length, cfg.digits, cfg.vocab, g)
+        x = torch.cat([prompts, answers[:, :-1]], 1).to(device)
+        with _autocast(torch.device(device)):
+            logits = model(x, logits_to_keep=cfg.digits).logits
+        right += int((logits.argmax(-1).cpu() == answers).all(1).sum())
+    return right / n if n else float("nan")
 
 
 @torch.inference_mode()
@@ -151,24 +242,18 @@ def run(cfg: PasskeyConfig, out, progress=print) -> dict:
     """Train the model, evaluate unpruned and every (method, keep) of the grid at each length
     on the same prompts; write ``summary.json`` (accuracy with its Wilson 95 % interval, the
     share of prompts whose key block was kept, the McNemar test against unpruned) and the
-    weights (``model.safetensors``) into the results folder ``out``."""
-    from safetensors.torch import save_file
-
+    weights (``model.safetensors``) into the results folder ``out``; with ``train_only``,
+    :func:`train_and_save` instead."""
     from ..measure import env_info
     from ..stats import mcnemar, wilson_ci
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    if cfg.init:
-        from safetensors.torch import load_file
-
-        model = build_model(cfg)
-        model.load_state_dict(load_file(cfg.init))
-        model.eval()
-    else:
-        model = train(cfg, progress)
+    if cfg.train_only:
+        return train_and_save(cfg, out, progress)
+    model = load_model(cfg, cfg.init) if cfg.init else train(cfg, progress)
     progress = progress or (lambda *_: None)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out.path / "model.safetensors"))
+    save_model(model, out.path / "model.safetensors")
     rows = []
     for L in [x or cfg.max_len for x in cfg.eval_lengths]:
         full = evaluate(model, cfg, L, cfg.eval_n)
@@ -192,6 +277,51 @@ def run(cfg: PasskeyConfig, out, progress=print) -> dict:
                      f"key kept {r['key_kept']:.3f}")
     summary = {"command": "passkey", "env": env_info(), "rows": rows}
     out.write_json("summary.json", summary)
+    return summary
+
+
+def save_model(model: nn.Module, path) -> None:
+    """The weights as ``model.safetensors`` (fp32, CPU), written atomically."""
+    import os
+
+    from safetensors.torch import save_file
+
+    tmp = f"{path}.tmp"
+    save_file({k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}, tmp)
+    os.replace(tmp, path)
+
+
+def load_model(cfg: PasskeyConfig, path) -> nn.Module:
+    """The model of ``cfg`` with the weights of a ``model.safetensors`` (CPU, eval)."""
+    from safetensors.torch import load_file
+
+    model = build_model(cfg)
+    model.load_state_dict(load_file(str(path)))
+    return model.eval()
+
+
+def train_and_save(cfg: PasskeyConfig, out, progress=print) -> dict:
+    """``train_only``: train on :func:`training_device`, write ``model.safetensors``,
+    ``config.json`` (the fields of ``cfg``) and ``train.json`` (the loss log, steps done, and
+    the quick unpruned check at each evaluation length, on the training device) into ``out``."""
+    from ..measure import env_info
+
+    device = training_device(cfg)
+    path = out.path / "model.safetensors"
+    (out.path / "config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+    log: list = []
+    model = train(cfg, progress, log, checkpoint=lambda m: save_model(m, path))
+    save_model(model, path)
+    check = {}
+    for L in [x or cfg.max_len for x in cfg.eval_lengths]:
+        check[str(L)] = quick_check(model, cfg, L, cfg.check_n, device=device)
+        if progress:
+            progress(f"check L {L} unpruned accuracy {check[str(L)]:.3f} (n {cfg.check_n}, {device})")
+    model.cpu()
+    summary = {"command": "passkey train_only", "env": env_info(device), "log": log,
+               "final_loss": next((r["loss"] for r in reversed(log) if "loss" in r), None),
+               "steps_done": log[-1]["steps_done"], "train_s": log[-1]["elapsed_s"], "check": check}
+    out.write_json("train.json", summary)
     return summary
 
 
