@@ -13,7 +13,9 @@ One results folder holds every point of the front, each scored on the same test 
   the full model patched with the token method (``attnprune.patch``), fine-tuned the same
   way (pruning-aware, distilled); with ``layers: N`` in the entry (label ``…/depthN``), the
   first N layers of the full model are kept and then pruned: token pruning composed with
-  layer-dropping, the way it composes with int8;
+  layer-dropping, the way it composes with int8; with ``rank_distill: w`` (label ``…/rankw``)
+  the fine-tuning adds ranking distillation (:mod:`attnprune.rank_distill`: the full model's
+  token importance as the target of the scorer at the first cut, weight w);
 * ``… +int8`` for every one of these (``int8: true``): the trained model after dynamic int8
   quantization of its Linear layers (:func:`attnprune.deploy.quantize_int8`), scored on CPU.
 
@@ -160,10 +162,15 @@ class ParetoConfig:
             if not isinstance(p, dict):
                 raise ValueError(f"prune[{i}]: expected a mapping with 'method', got {p!r}")  # noqa: TRY004 (config contract: ValueError naming the field)
             unknown = set(p) - {"method", "keep_ratio", "after_layer", "schedule", "options",
-                                "layers"}
+                                "layers", "rank_distill"}
             if unknown:
                 raise ValueError(f"prune[{i}].{min(unknown)}: unknown key (known: method, "
-                                 "keep_ratio, after_layer, schedule, options, layers)")
+                                 "keep_ratio, after_layer, schedule, options, layers, "
+                                 "rank_distill)")
+            rank = p.get("rank_distill", 0)
+            if isinstance(rank, bool) or not isinstance(rank, (int, float)) or not rank >= 0:
+                raise ValueError(f"prune[{i}].rank_distill: must be a number ≥ 0, got {rank!r}")
+
             depth = p.get("layers")
             if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int)
                                       or depth < 1):
@@ -177,6 +184,9 @@ class ParetoConfig:
             if spec.kind != "token":
                 raise ValueError(f"prune[{i}].method: {p['method']!r} is a {spec.kind} method; "
                                  "the front compares token methods")
+            if rank and not getattr(spec.cls, "needs_attention", False):
+                raise ValueError(f"prune[{i}].rank_distill: needs a method that scores by "
+                                 f"attention (attention_mass), got {p['method']!r}")
             if getattr(spec.cls, "variable_budget", False):
                 # the time phase runs every point with untrained weights (the pretrained
                 # encoder): right for top-k methods, whose kept count is ⌊ρ·n⌋ whatever the
@@ -221,10 +231,13 @@ class ParetoConfig:
                 depth = p.get("layers")
                 if depth is not None:
                     label += f"/depth{depth}"
+                rank = float(p.get("rank_distill", 0) or 0)
+                if rank:
+                    label += f"/rank{rank:g}"
                 pts.append({"label": label, "kind": "prune",
                             "method": p["method"], "keep_ratio": float(rho), "after_layer": after,
                             "schedule": sched, "options": dict(p.get("options", {})),
-                            "layers": depth})
+                            "layers": depth, **({"rank_distill": rank} if rank else {})})
         return pts
 
 
@@ -336,6 +349,7 @@ def train_phase(cfg: ParetoConfig, results: ResultsDir, data) -> None:
                                   weight_decay=cfg.weight_decay, warmup_ratio=cfg.warmup_ratio,
                                   teacher=teacher, distill_weight=cfg.distill_weight,
                                   distill_temperature=cfg.distill_temperature,
+                                  rank_distill=point.get("rank_distill", 0.0),
                                   progress=cfg.progress, desc=f"{label} s{seed}",
                                   mixed_precision=cfg.mixed_precision)
             if record is None:

@@ -9,7 +9,9 @@ Hinton et al. 2015 distillation; off by default). A model with one output (HF's
 error (HF's own choice for that head) and distillation matches the teacher's output directly
 (there is no distribution to soften: τ is unused). ``aux = attnprune.aux_loss(model)`` the
 method's auxiliary losses of that forward (entropy-head CE, Gumbel budget, LTP sparsity,
-attention/cost penalties), so any registered method — token, attention or loss kind — trains
+attention/cost penalties, and with ``rank_distill`` w > 0 the ranking distillation of
+:mod:`attnprune.rank_distill`: w·KL of the teacher's token importance against the scorer's, at
+the first cut), so any registered method — token, attention or loss kind — trains
 with the same loop. AdamW with linear warm-up and linear decay
 (``transformers.get_linear_schedule_with_warmup``), gradient accumulation and gradient
 clipping through ``accelerate`` (``accelerate launch`` runs it on several GPUs or nodes).
@@ -28,7 +30,9 @@ __all__ = ["fit"]
 
 
 def _loss(model: nn.Module, batch: dict, teacher: nn.Module | None, alpha: float,
-          tau: float) -> tuple[torch.Tensor, dict]:
+          tau: float, rank: float = 0.0) -> tuple[torch.Tensor, dict]:
+    from contextlib import nullcontext
+
     from accelerate.utils import extract_model_from_parallel
 
     from . import api
@@ -36,7 +40,21 @@ def _loss(model: nn.Module, batch: dict, teacher: nn.Module | None, alpha: float
     # token_type_ids: the segment of each token of a sentence pair (BERT adds its embedding)
     inputs = {k: v for k, v in batch.items()
               if k in ("input_ids", "attention_mask", "token_type_ids")}
-    out = model(**inputs, labels=batch["labels"])
+    t_out, ctx = None, nullcontext()
+    if teacher is not None and (alpha > 0 or rank > 0):
+        with torch.no_grad():  # first: ranking distillation hands its target to the forward
+            t_out = teacher(**inputs, output_attentions=True) if rank > 0 else teacher(**inputs)
+    if rank > 0:
+        from .rank_distill import first_cut, rank_target, teacher_importance
+
+        bare = extract_model_from_parallel(model)
+        mask = inputs.get("attention_mask")
+        if mask is None:
+            mask = torch.ones_like(inputs["input_ids"])
+        target = teacher_importance(t_out.attentions, mask, first_cut(bare) + 1)
+        ctx = rank_target(bare, target, rank)
+    with ctx:
+        out = model(**inputs, labels=batch["labels"])
     regression = out.logits.shape[-1] == 1
     if regression:
         task = F.mse_loss(out.logits.squeeze(-1).float(), batch["labels"].float())
@@ -45,8 +63,7 @@ def _loss(model: nn.Module, batch: dict, teacher: nn.Module | None, alpha: float
     loss = task
     logs = {"task": float(task.detach())}
     if teacher is not None and alpha > 0:
-        with torch.no_grad():
-            zt = teacher(**inputs).logits
+        zt = t_out.logits
         if regression:
             kd = F.mse_loss(out.logits.float(), zt.float())
         else:
@@ -76,6 +93,7 @@ def fit(
     teacher: nn.Module | None = None,
     distill_weight: float = 0.0,
     distill_temperature: float = 2.0,
+    rank_distill: float = 0.0,
     on_epoch_end: Callable[[int, nn.Module], dict] | None = None,
     progress: bool = True,
     desc: str = "train",
@@ -100,6 +118,11 @@ def fit(
             raise ValueError(f"{name} must be ≥ 1, got {v}")
     if not 0 <= distill_weight <= 1:
         raise ValueError(f"distill_weight must be in [0, 1], got {distill_weight}")
+    if not rank_distill >= 0:
+        raise ValueError(f"rank_distill must be ≥ 0, got {rank_distill}")
+    if rank_distill > 0 and teacher is None:
+        raise ValueError("rank_distill needs a teacher (the full model whose token importance "
+                         "the scorer learns)")
     if mixed_precision not in ("no", "bf16", "auto"):
         raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'auto', got {mixed_precision!r}")
     if mixed_precision == "auto":
@@ -120,6 +143,8 @@ def fit(
     sched = get_linear_schedule_with_warmup(opt, int(warmup_ratio * steps), steps)
     model, opt, train_loader, sched = acc.prepare(model, opt, train_loader, sched)
     if teacher is not None:
+        if rank_distill > 0:  # its attention probabilities: SDPA does not return them
+            teacher.set_attn_implementation("eager")
         teacher = acc.prepare_model(teacher, evaluation_mode=True)
         teacher.eval()
     history = []
@@ -131,7 +156,8 @@ def fit(
                    disable=not progress or not acc.is_main_process)
         for batch in bar:
             with acc.accumulate(model):
-                loss, logs = _loss(model, batch, teacher, distill_weight, distill_temperature)
+                loss, logs = _loss(model, batch, teacher, distill_weight, distill_temperature,
+                                   rank_distill)
                 acc.backward(loss)
                 if acc.sync_gradients and max_grad_norm:
                     acc.clip_grad_norm_(model.parameters(), max_grad_norm)

@@ -272,8 +272,10 @@ class _Call:
     shared state, so one patched model serves several threads (a web server's pool): two
     concurrent calls never read each other's labels, token ids, q/k projections or tables."""
 
-    def __init__(self, labels: Tensor | None = None, inputs: tuple | None = None) -> None:
+    def __init__(self, labels: Tensor | None = None, inputs: tuple | None = None,
+                 rank: tuple[Tensor, float] | None = None) -> None:
         self.labels = labels  # the sequence labels of this forward (training losses)
+        self.rank = rank  # (target, weight) of ranking distillation (attnprune.rank_distill)
         self.inputs = inputs  # (input_ids, token_type_ids), to find the separators
         self.want: nn.Module | None = None  # the query linear whose layer is being scored
         self.captured: dict[str, Tensor] = {}  # its q and k projections
@@ -654,6 +656,22 @@ def _run(state: HFEncoderState, call: _Call, original, hidden_states, attention_
     return state.output_cls(last_hidden_state=hidden_states)
 
 
+def _rank_loss(call: _Call, attn: Tensor, mask: Tensor) -> None:
+    """Ranking distillation at the first cut (:mod:`attnprune.rank_distill`): the scorer's
+    attention, (B, H, 1, L) rows or (B, H, L, L), against the teacher's target, once per call."""
+    from ..methods.attention_mass import attention_received
+    from ..rank_distill import ranking_loss
+
+    target, weight = call.rank
+    call.rank = None
+    student = attn[:, :, 0, :].mean(1) if attn.shape[-2] == 1 else attention_received(attn, mask)
+    if student.shape != target.shape:
+        raise ValueError(f"rank distillation: the target is {tuple(target.shape)} but the "
+                         f"scorer sees {tuple(student.shape)} tokens (one target per forward, "
+                         "for its own batch)")
+    call.aux_losses.append(weight * ranking_loss(student, target.to(student.device), mask))
+
+
 def _stats(kept: list, padded: list, real, n: int, times: dict | None) -> dict:
     """The ``stats`` dict from per-layer counts (numbers or device tensors)."""
     kept = [float(k) for k in kept]
@@ -712,6 +730,8 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
         if need_attn:
             add = _additive(mask, soft_total, hidden.dtype)
             attn = state._attention(run, i, add, mask)
+            if run.training and call.rank is not None and not gathered:
+                _rank_loss(call, attn, mask)
         sel = method(hidden, mask, attn=attn, keep_ratio=rho, layer=i,
                      labels=run.labels, protect=protect)
         t1 = _clock(run)
@@ -972,7 +992,8 @@ def _grab_labels(state: HFEncoderState, module, args, kwargs) -> None:
     ids = kwargs.get("input_ids", args[0] if args else None)
     state._local.call = _Call(labels=kwargs.get("labels"),
                               inputs=(ids if isinstance(ids, Tensor) else None,
-                                      kwargs.get("token_type_ids")))
+                                      kwargs.get("token_type_ids")),
+                              rank=getattr(state._local, "pending_rank", None))
 
 
 def _protect_ids(config, ids: Sequence[int] | None) -> tuple[int, ...]:

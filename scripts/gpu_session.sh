@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine that does everything a session needs there, in order:
+#   1. `attnprune bench gpu` alone on the GPU (issue 22's targets: bf16, MiniLM and BERT-base
+#      shapes, B 1/32, T 128/512/2048, the Llama-1B-shaped prefill), cut off at BENCH_S (110 s);
+#   2. then, concurrently (the GPU is shared; the timings are over):
+#      - the training phase of configs/pareto_docstring_domain_gpu.yaml (issue 24), one process
+#        per seed (0, 1, 2), each with 4 CPU threads for its int8 scoring;
+#      - scripts/gpu_passkey.sh (issue 25: the passkey models up to 2k tokens), when present;
+#      - the CUDA tests (tests/test_sync_free.py, test_dtypes.py, test_measure.py -k cuda);
+#   3. packs $OUT/{bench,pareto,passkey,logs}.tgz (runs and predictions, no pareto weights).
+# Everything stops by DEADLINE_S (default 540 s from the start); a pareto run cut off keeps the
+# (point, seed) runs it finished (each is written atomically; the folders resume).
+# Inputs carried (ignored by git through .git/info/exclude): .carry/minilm (MiniLM-L6 with fp16
+# weights, widened back to fp32 here) and .carry/cache/docstring_domain (the corpus, gzipped).
+#   run(command="bash scripts/gpu_session.sh", carry=[".carry"], timeout_s=590)
+# Dry run on the CPU (tiny shapes and splits):
+#   DEVICE=cpu QUICK=true PARETO_ARGS="--max-train 48 --max-test 32 --full-epochs 1" \
+#     DEADLINE_S=400 OUT=/tmp/gs_out bash scripts/gpu_session.sh
+# Afterwards, here: unpack pareto.tgz, `python scripts/merge_results.py DEST seed folders`, then
+# `attnprune pareto --out DEST --exact-out --phase time --threads 1` and `--phase summary`.
+set -uo pipefail
+START=$(date +%s)
+DEADLINE=${DEADLINE_S:-540}
+OUT=${OUT:-/tmp/gpu_session}
+DEVICE=${DEVICE:-cuda}
+QUICK=${QUICK:-false}
+BENCH_S=${BENCH_S:-110}
+PARETO_ARGS=${PARETO_ARGS:-}
+W=${WORK:-/tmp/gs}
+mkdir -p "$OUT" "$W"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export ATTNPRUNE_CACHE=$W/cache
+left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
+
+{
+  nvidia-smi 2>&1 | head -15
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
+} 2>&1 | tee "$W/versions.log"
+
+# inputs
+mkdir -p "$ATTNPRUNE_CACHE/docstring_domain"
+gunzip -c .carry/cache/docstring_domain/docstring_domain.jsonl.gz > "$ATTNPRUNE_CACHE/docstring_domain/docstring_domain.jsonl"
+cp .carry/cache/docstring_domain/manifest.json "$ATTNPRUNE_CACHE/docstring_domain/"
+python3 - "$W/minilm" <<'PY'
+import shutil, sys
+from pathlib import Path
+from safetensors.torch import load_file, save_file
+src, dst = Path(".carry/minilm"), Path(sys.argv[1])
+shutil.copytree(src, dst, dirs_exist_ok=True)
+save_file({k: v.float().contiguous() for k, v in load_file(src / "model.safetensors").items()},
+          dst / "model.safetensors", metadata={"format": "pt"})
+print("MiniLM widened to fp32", flush=True)
+PY
+
+echo "== 1. bench gpu, alone ($(left) s left)"
+timeout "$BENCH_S" python3 -m attnprune.bench.gpu --device "$DEVICE" --dtype bf16 \
+  --quick "$QUICK" --out "$W/bench" --exact-out > "$W/bench.log" 2>&1
+echo "bench exit $? ($(left) s left)"; tail -40 "$W/bench.log"
+
+echo "== 2. training, concurrently ($(left) s left)"
+pids=()
+for seed in 0 1 2; do
+  # shellcheck disable=SC2086
+  OMP_NUM_THREADS=4 timeout "$(( $(left) - 25 ))" python3 -m attnprune.cli pareto \
+    --config configs/pareto_docstring_domain_gpu.yaml --model "$W/minilm" --seeds "$seed" \
+    --phase train --threads 4 --progress false $PARETO_ARGS \
+    --out "$W/pareto-seed$seed" --exact-out > "$W/pareto-seed$seed.log" 2>&1 &
+  pids+=($!)
+done
+if [[ -f scripts/gpu_passkey.sh ]]; then
+  PASSKEY_DEADLINE_S=$(( $(left) - 30 )) DEVICE=$DEVICE timeout "$(( $(left) - 25 ))" \
+    bash scripts/gpu_passkey.sh "$W/passkey" > "$W/passkey.log" 2>&1 &
+  pids+=($!)
+fi
+if [[ $DEVICE == cuda ]]; then
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_sync_free.py \
+    tests/test_dtypes.py tests/test_measure.py -k "cuda or timers" > "$W/cuda_tests.log" 2>&1
+  echo "CUDA tests exit $?: $(tail -1 "$W/cuda_tests.log")"
+fi
+for p in "${pids[@]}"; do wait "$p"; echo "job $p exit $?"; done
+for seed in 0 1 2; do
+  echo "pareto seed $seed: $(grep -c ': accuracy' "$W/pareto-seed$seed.log") runs"
+  grep -E ': accuracy|Error' "$W/pareto-seed$seed.log" | tail -30
+done
+tail -8 "$W/passkey.log" 2>/dev/null
+
+echo "== 3. pack ($(left) s left)"
+tar -czf "$OUT/pareto.tgz" -C "$W" --exclude=models pareto-seed0 pareto-seed1 pareto-seed2 2>/dev/null
+tar -czf "$OUT/bench.tgz" -C "$W" bench 2>/dev/null
+[[ -d $W/passkey ]] && tar -czf "$OUT/passkey.tgz" -C "$W" passkey
+(cd "$W" && tar -czf "$OUT/logs.tgz" ./*.log)
+ls -la "$OUT"
+echo "done in $(( $(date +%s) - START )) s"
