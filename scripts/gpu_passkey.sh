@@ -6,7 +6,7 @@
 #
 # Invocation (from the repository root, no attnprune install, no network needed; ~3 min wall):
 #   bash scripts/gpu_passkey.sh results/passkey_gpu
-# Expected wall time: ~150-170 s (training stops itself at PASSKEY_BUDGET=120 s per seed,
+# Expected wall time: ~160-175 s (training stops itself at PASSKEY_BUDGET=130 s per seed,
 # + imports/CUDA start + the checks); every process is killed at 185 s, so the script ends
 # in ≤ 200 s whatever happens (a killed seed keeps the checkpoint written at 50 % / 80 %).
 # CPU dry run (proves the plumbing, learns nothing):
@@ -24,14 +24,13 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export OMP_NUM_THREADS=4 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 DEVICE=${DEVICE:-cuda}
 STEPS=${PASSKEY_STEPS:-6000}
-BUDGET=${PASSKEY_BUDGET:-120}
+BUDGET=${PASSKEY_BUDGET:-130}
 MAX_LEN=${PASSKEY_MAX_LEN:-2048}
 KILL_S=${PASSKEY_KILL_S:-185}
 BATCH_TOKENS=${PASSKEY_BATCH_TOKENS:-65536}
 CHECK_LENGTHS=${PASSKEY_CHECK_LENGTHS:-512,1024,$MAX_LEN}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null | tee "$OUT/gpu.txt" || true
-python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())" 2>&1 | tee "$OUT/versions.txt"
 start=$(date +%s)
 for seed in 0 1 2; do
   mkdir -p "$OUT/seed$seed"

@@ -112,3 +112,42 @@ def test_quick_check_agrees_with_greedy_retrieval():
                            min_len=16, max_len=24, device="cpu")
     model = pk.train(cfg, progress=None)
     assert pk.quick_check(model, cfg, 24, n=32, batch=16) == pk.accuracy(model, cfg, 24, n=32, batch=16)
+
+
+def test_pooled_difference_pairs_the_prompts():
+    full = [True] * 90 + [False] * 10
+    pruned = [True] * 85 + [False] * 5 + [True] * 2 + [False] * 8  # 5 lost, 2 gained
+    d = pk.pooled_difference(pruned, full, n_resamples=2000)
+    assert (d["lost"], d["gained"], d["n"]) == (5, 2, 100)
+    assert d["diff"] == pytest.approx(-0.03)
+    assert -0.1 < d["ci95"][0] < -0.03 < d["ci95"][1] <= 0.03
+    assert 0.0 < d["mcnemar_p"] < 1.0 and 0.05 < d["lost_upper95"] < 0.15
+    same = pk.pooled_difference(full, full)
+    assert same["ci95"] == [0.0, 0.0] and same["mcnemar_p"] == 1.0
+    assert same["lost_upper95"] == pytest.approx(1 - 0.05 ** (1 / 100))
+
+
+def test_models_folder_is_evaluated_per_seed_and_pooled(tmp_path):
+    import json
+
+    from attnprune.results import ResultsDir
+
+    small = dict(width=32, layers=2, heads=2, kv_heads=1, ffn=64, steps=2, batch=2, min_len=16,
+                 max_len=24, device="cpu", train_only=True, check_n=4, threads=0)
+    for seed in (0, 1):
+        cfg = pk.PasskeyConfig(seed=seed, **small)
+        pk.run(cfg, ResultsDir.start(tmp_path / "models" / f"seed{seed}", "passkey", True, cfg), progress=None)
+    ev = pk.PasskeyConfig(models=str(tmp_path / "models"), eval_n=4, eval_lengths=(16, 24), keeps=(0.5,),
+                          methods=("fastv",), random_control=False, ttft_repeats=1, threads=0,
+                          layer=1, window=2)
+    out = ResultsDir.start(tmp_path / "eval", "passkey", True, ev)
+    summary = pk.run(ev, out, progress=None)
+    assert summary["seeds"] == ["seed0", "seed1"]
+    assert [(r["length"], r["variant"]) for r in summary["pooled"]] == [
+        (16, "unpruned"), (16, "fastv 0.5"), (24, "unpruned"), (24, "fastv 0.5")]
+    assert all(r["n"] == 8 and len(r["accuracy_per_seed"]) == 2 for r in summary["pooled"])
+    assert [t["variant"] for t in summary["ttft"]] == ["unpruned", "fastv 0.5"]
+    assert summary["ttft"][0]["speedup_per_seed"] == [1.0, 1.0] and summary["ttft"][0]["length"] == 24
+    seed1 = json.loads((tmp_path / "eval" / "seed1.json").read_text())
+    assert seed1["config"]["seed"] == 1 and seed1["config"]["width"] == 32
+    assert len(seed1["rows"][0]["right"]) == 4

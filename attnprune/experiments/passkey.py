@@ -73,10 +73,15 @@ class PasskeyConfig:
     budget_s: float = 0.0  # > 0: the training schedule also ends after this many seconds
     train_only: bool = False  # train, save weights + config.json + train.json; no eval grid
     check_n: int = 256  # train_only: prompts of the quick unpruned check per eval length
+    models: str = ""  # a folder of seed<N>/ (train_only output): evaluate them all (CPU) and pool
+    ttft_repeats: int = 7  # models: interleaved TTFT rounds at the longest eval length
+    ttft_clock: str = "cpu"  # models: TTFT clock, cpu (process time) | wall
 
     def __post_init__(self):
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device: auto, cpu or cuda, got {self.device!r}")
+        if self.ttft_clock not in ("cpu", "wall"):
+            raise ValueError(f"ttft_clock: cpu or wall, got {self.ttft_clock!r}")
         if self.batch_tokens < 0 or self.budget_s < 0 or self.check_n < 0:
             raise ValueError("batch_tokens / budget_s / check_n: must be ≥ 0, got "
                              f"{self.batch_tokens} / {self.budget_s} / {self.check_n}")
@@ -245,15 +250,29 @@ def run(cfg: PasskeyConfig, out, progress=print) -> dict:
     weights (``model.safetensors``) into the results folder ``out``; with ``train_only``,
     :func:`train_and_save` instead."""
     from ..measure import env_info
-    from ..stats import mcnemar, wilson_ci
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if cfg.train_only:
         return train_and_save(cfg, out, progress)
+    if cfg.models:
+        return evaluate_seeds(cfg, out, progress)
     model = load_model(cfg, cfg.init) if cfg.init else train(cfg, progress)
-    progress = progress or (lambda *_: None)
     save_model(model, out.path / "model.safetensors")
+    rows = grid(model, cfg, progress)
+    for r in rows:
+        del r["right"]
+    summary = {"command": "passkey", "env": env_info(), "rows": rows}
+    out.write_json("summary.json", summary)
+    return summary
+
+
+def grid(model: nn.Module, cfg: PasskeyConfig, progress=print) -> list[dict]:
+    """Unpruned and every (method, keep) of the grid (and the random control) at each length,
+    on the same prompts: one row each, with the per-prompt ``right`` list."""
+    from ..stats import mcnemar, wilson_ci
+
+    progress = progress or (lambda *_: None)
     rows = []
     for L in [x or cfg.max_len for x in cfg.eval_lengths]:
         full = evaluate(model, cfg, L, cfg.eval_n)
@@ -272,10 +291,135 @@ def run(cfg: PasskeyConfig, out, progress=print) -> dict:
             p = mcnemar(b, c).pvalue if label != "unpruned" else None
             rows.append({"length": L, "variant": label, "options": opts, "accuracy": r["accuracy"],
                          "ci95": [ci.low, ci.high], "key_kept": r["key_kept"],
-                         "diff_vs_unpruned": r["accuracy"] - full["accuracy"], "mcnemar_p": p})
+                         "diff_vs_unpruned": r["accuracy"] - full["accuracy"], "mcnemar_p": p,
+                         "right": r["right"]})
             progress(f"L {L} {label:<16} accuracy {r['accuracy']:.3f} [{ci.low:.3f}, {ci.high:.3f}] "
                      f"key kept {r['key_kept']:.3f}")
-    summary = {"command": "passkey", "env": env_info(), "rows": rows}
+    return rows
+
+
+def ttft(model: nn.Module, cfg: PasskeyConfig, length: int, seed: int = 2) -> list[dict]:
+    """Time to first token of one passkey prompt of ``length`` (batch 1), unpruned
+    (``model(ids, use_cache=True, logits_to_keep=1)``) and every (method, keep) of the grid:
+    :func:`attnprune.measure.time_interleaved` (``ttft_repeats`` rounds, 1 warm-up,
+    ``ttft_clock``), median and the ratio unpruned / variant; FLOPs relative to unpruned."""
+    from ..measure import count_flops, time_interleaved
+    from ..prefill import prefill
+
+    ids = passkey_batch(1, length, cfg.digits, cfg.vocab, torch.Generator().manual_seed(seed))[0]
+
+    def stock():
+        with torch.inference_mode():
+            return model(ids, use_cache=True, logits_to_keep=1).logits
+
+    fns = {"unpruned": stock}
+    for m in cfg.methods:
+        for k in cfg.keeps:
+            opts = {"keep": float(k), "method": m, "layer": cfg.layer, "window": cfg.window,
+                    "sinks": cfg.sinks}
+            fns[f"{m} {k:g}"] = lambda opts=opts: prefill(model, ids, **opts).logits
+    clock = time.process_time if cfg.ttft_clock == "cpu" else time.perf_counter
+    timings = time_interleaved(fns, repeats=cfg.ttft_repeats, warmup=1, clock=clock)
+    flops = {label: count_flops(fn) for label, fn in fns.items()}
+    ref = timings["unpruned"].median_s
+    return [{"length": length, "variant": label, "median_ms": t.median_s * 1e3, "mad_ms": t.mad_s * 1e3,
+             "speedup": ref / t.median_s, "flops_relative": flops[label] / flops["unpruned"],
+             "times_ms": [x * 1e3 for x in t.times_s]} for label, t in timings.items()]
+
+
+def pooled_difference(right: list[bool], full: list[bool], n_resamples: int = 10_000) -> dict:
+    """Pruned − unpruned retrieval over paired prompts (pooled over seeds): Δ, its paired
+    percentile-bootstrap 95 % CI (:func:`attnprune.stats.paired_bootstrap_ci`, 10,000
+    resamples of the prompts), the discordant counts, the exact McNemar p, and the exact
+    (Clopper–Pearson) one-sided 95 % upper bound on the share of prompts lost (b / n), which
+    stays informative when no prompt differs and the bootstrap interval is [0, 0]."""
+    import numpy as np
+    from scipy.stats import beta
+
+    from ..stats import mcnemar, paired_bootstrap_ci
+
+    a, f = np.asarray(right, dtype=int), np.asarray(full, dtype=int)
+    n = len(a)
+    b, c = int(((f == 1) & (a == 0)).sum()), int(((f == 0) & (a == 1)).sum())
+    if b + c:
+        r = paired_bootstrap_ci(np.ones(n, dtype=int), a, f, n_resamples=n_resamples, seed=0)
+        low, high = float(r.low), float(r.high)
+    else:
+        low = high = 0.0
+    return {"n": n, "diff": float(a.mean() - f.mean()), "ci95": [low, high], "lost": b, "gained": c,
+            "mcnemar_p": mcnemar(b, c).pvalue if b + c else 1.0,
+            "lost_upper95": float(beta.ppf(0.95, b + 1, n - b)) if b < n else 1.0}
+
+
+def evaluate_seeds(cfg: PasskeyConfig, out, progress=print) -> dict:
+    """``models``: a folder of ``seed<N>/`` subfolders as ``train_only`` writes them. Each
+    model (its shape from its ``config.json``; the evaluation options from ``cfg``) runs the
+    grid on the CPU (:func:`grid`, the same prompts for every seed) and the TTFT benchmark at
+    the longest evaluation length (:func:`ttft`); ``seed<N>.json`` per seed, and
+    ``summary.json`` with each (length, variant) pooled over the seeds
+    (:func:`pooled_difference`) and the TTFT ratios (mean and range over the seeds)."""
+    from pathlib import Path
+
+    from ..measure import env_info
+
+    shape = ("digits", "vocab", "width", "layers", "heads", "kv_heads", "ffn", "min_len", "max_len",
+             "seed", "steps", "batch", "batch_tokens", "lr", "budget_s", "device")
+    seeds = sorted(Path(cfg.models).glob("seed*/model.safetensors"))
+    if not seeds:
+        raise FileNotFoundError(f"models: no seed*/model.safetensors under {cfg.models}")
+    per_seed = {}
+    for path in seeds:
+        saved = json.loads((path.parent / "config.json").read_text())
+        scfg = PasskeyConfig(**{**asdict(cfg), **{k: saved[k] for k in shape if k in saved}})
+        model = load_model(scfg, path)
+        name = path.parent.name
+        if progress:
+            progress(f"{name}: {path}")
+        rows = grid(model, scfg, progress)
+        times = ttft(model, scfg, max(x or scfg.max_len for x in cfg.eval_lengths))
+        if progress:
+            for t in times:
+                progress(f"{name} TTFT L {t['length']} {t['variant']:<16} {t['median_ms']:.1f} ms "
+                         f"x{t['speedup']:.2f} FLOPs {t['flops_relative']:.3f}")
+        train_log = path.parent / "train.json"
+        per_seed[name] = {"model": str(path), "config": {k: saved.get(k) for k in shape},
+                          "train": json.loads(train_log.read_text()) if train_log.is_file() else None,
+                          "rows": rows, "ttft": times}
+        out.write_json(f"{name}.json", per_seed[name])
+    pooled = []
+    first = next(iter(per_seed.values()))
+    for r0 in first["rows"]:
+        L, label = r0["length"], r0["variant"]
+        right, full, accs = [], [], []
+        for rec in per_seed.values():
+            row = next(r for r in rec["rows"] if r["length"] == L and r["variant"] == label)
+            ref = next(r for r in rec["rows"] if r["length"] == L and r["variant"] == "unpruned")
+            right += row["right"]
+            full += ref["right"]
+            accs.append(row["accuracy"])
+        d = pooled_difference(right, full)
+        pooled.append({"length": L, "variant": label, "options": r0["options"],
+                       "accuracy": sum(right) / len(right), "accuracy_per_seed": accs,
+                       "key_kept_per_seed": [next(r for r in rec["rows"] if r["length"] == L and
+                                                  r["variant"] == label)["key_kept"] for rec in per_seed.values()],
+                       **{k: v for k, v in d.items()}})
+        if progress:
+            progress(f"pooled L {L} {label:<16} accuracy {pooled[-1]['accuracy']:.3f} Δ {d['diff']:+.4f} "
+                     f"[{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] lost {d['lost']} gained {d['gained']}")
+    ttft_rows = []
+    for t0 in first["ttft"]:
+        sp = [next(t for t in rec["ttft"] if t["variant"] == t0["variant"])["speedup"]
+              for rec in per_seed.values()]
+        ms = [next(t for t in rec["ttft"] if t["variant"] == t0["variant"])["median_ms"]
+              for rec in per_seed.values()]
+        ttft_rows.append({"length": t0["length"], "variant": t0["variant"], "speedup_mean": sum(sp) / len(sp),
+                          "speedup_per_seed": sp, "median_ms_per_seed": ms,
+                          "flops_relative": t0["flops_relative"]})
+    summary = {"command": "passkey evaluate_seeds", "env": {**env_info("cpu"), "ttft_clock": cfg.ttft_clock},
+               "models": cfg.models, "seeds": list(per_seed), "ci_method":
+               "paired percentile bootstrap over the pooled prompts (attnprune.stats.paired_bootstrap_ci, "
+               "10,000 resamples); exact McNemar; Clopper-Pearson one-sided 95 % upper bound on the lost share",
+               "pooled": pooled, "ttft": ttft_rows}
     out.write_json("summary.json", summary)
     return summary
 
