@@ -151,3 +151,17 @@ def test_models_folder_is_evaluated_per_seed_and_pooled(tmp_path):
     seed1 = json.loads((tmp_path / "eval" / "seed1.json").read_text())
     assert seed1["config"]["seed"] == 1 and seed1["config"]["width"] == 32
     assert len(seed1["rows"][0]["right"]) == 4
+    # one seed alone, no TTFT; then a pooling run that reuses its grid (marked) and times it
+    one = pk.PasskeyConfig(**{**ev.__dict__, "seeds": (1,), "ttft_repeats": 0})
+    alone = pk.run(one, ResultsDir.start(tmp_path / "one", "passkey", True, one), progress=None)
+    assert alone["seeds"] == ["seed1"] and alone["ttft"] == []
+    marked = json.loads((tmp_path / "one" / "seed1.json").read_text())
+    marked["rows"][0]["right"] = [False] * 4
+    (tmp_path / "one" / "seed1.json").write_text(json.dumps(marked))
+    reuse = pk.PasskeyConfig(**{**one.__dict__, "ttft_repeats": 1})
+    pooled = pk.run(reuse, ResultsDir(tmp_path / "one"), progress=None)
+    assert pooled["pooled"][0]["accuracy"] == 0.0  # the grid came from seed1.json
+    assert [t["variant"] for t in pooled["ttft"]] == ["unpruned", "fastv 0.5"]
+    other = pk.PasskeyConfig(**{**reuse.__dict__, "keeps": (0.25,)})
+    with pytest.raises(ValueError, match="another grid"):
+        pk.run(other, ResultsDir(tmp_path / "one"), progress=None)

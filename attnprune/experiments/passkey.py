@@ -74,7 +74,8 @@ class PasskeyConfig:
     train_only: bool = False  # train, save weights + config.json + train.json; no eval grid
     check_n: int = 256  # train_only: prompts of the quick unpruned check per eval length
     models: str = ""  # a folder of seed<N>/ (train_only output): evaluate them all (CPU) and pool
-    ttft_repeats: int = 7  # models: interleaved TTFT rounds at the longest eval length
+    seeds: tuple[int, ...] = ()  # models: only these seed<N>/ (empty: all)
+    ttft_repeats: int = 7  # models: interleaved TTFT rounds at the longest eval length (0: none)
     ttft_clock: str = "cpu"  # models: TTFT clock, cpu (process time) | wall
 
     def __post_init__(self):
@@ -298,6 +299,13 @@ def grid(model: nn.Module, cfg: PasskeyConfig, progress=print) -> list[dict]:
     return rows
 
 
+def _grid_labels(cfg: PasskeyConfig) -> list[tuple[int, str]]:
+    """The (length, variant) pairs :func:`grid` computes, in its order."""
+    labels = ["unpruned"] + [f"{m} {k:g}" + r for r in ("", " random")[:1 + cfg.random_control]
+                             for m in cfg.methods for k in cfg.keeps]
+    return [(x or cfg.max_len, v) for x in cfg.eval_lengths for v in labels]
+
+
 def ttft(model: nn.Module, cfg: PasskeyConfig, length: int, seed: int = 2) -> list[dict]:
     """Time to first token of one passkey prompt of ``length`` (batch 1), unpruned
     (``model(ids, use_cache=True, logits_to_keep=1)``) and every (method, keep) of the grid:
@@ -357,7 +365,10 @@ def evaluate_seeds(cfg: PasskeyConfig, out, progress=print) -> dict:
     grid on the CPU (:func:`grid`, the same prompts for every seed) and the TTFT benchmark at
     the longest evaluation length (:func:`ttft`); ``seed<N>.json`` per seed, and
     ``summary.json`` with each (length, variant) pooled over the seeds
-    (:func:`pooled_difference`) and the TTFT ratios (mean and range over the seeds)."""
+    (:func:`pooled_difference`) and the TTFT ratios (mean and range over the seeds). A
+    ``seed<N>.json`` already in ``out`` is reused (its grid; its TTFT if it has one), so the
+    seeds' grids can run as separate processes (``seeds``, ``ttft_repeats 0``) and a last run
+    over all of them measures TTFT alone on the machine and pools."""
     from pathlib import Path
 
     from ..measure import env_info
@@ -365,22 +376,29 @@ def evaluate_seeds(cfg: PasskeyConfig, out, progress=print) -> dict:
     shape = ("digits", "vocab", "width", "layers", "heads", "kv_heads", "ffn", "min_len", "max_len",
              "seed", "steps", "batch", "batch_tokens", "lr", "budget_s", "device")
     seeds = sorted(Path(cfg.models).glob("seed*/model.safetensors"))
+    if cfg.seeds:
+        seeds = [p for p in seeds if p.parent.name in {f"seed{n}" for n in cfg.seeds}]
     if not seeds:
         raise FileNotFoundError(f"models: no seed*/model.safetensors under {cfg.models}")
     per_seed = {}
     for path in seeds:
         saved = json.loads((path.parent / "config.json").read_text())
         scfg = PasskeyConfig(**{**asdict(cfg), **{k: saved[k] for k in shape if k in saved}})
-        model = load_model(scfg, path)
         name = path.parent.name
+        done = out.read_json(f"{name}.json") if (out.path / f"{name}.json").is_file() else {}
+        if done and [(r["length"], r["variant"]) for r in done["rows"]] != _grid_labels(scfg):
+            raise ValueError(f"out: {name}.json holds another grid; give a new --out")
+        model = load_model(scfg, path)
         if progress:
-            progress(f"{name}: {path}")
-        rows = grid(model, scfg, progress)
-        times = ttft(model, scfg, max(x or scfg.max_len for x in cfg.eval_lengths))
-        if progress:
-            for t in times:
-                progress(f"{name} TTFT L {t['length']} {t['variant']:<16} {t['median_ms']:.1f} ms "
-                         f"x{t['speedup']:.2f} FLOPs {t['flops_relative']:.3f}")
+            progress(f"{name}: {path}" + (" (grid from the earlier run)" if done else ""))
+        rows = done["rows"] if done else grid(model, scfg, progress)
+        times = done.get("ttft") or []
+        if not times and cfg.ttft_repeats:
+            times = ttft(model, scfg, max(x or scfg.max_len for x in cfg.eval_lengths))
+            if progress:
+                for t in times:
+                    progress(f"{name} TTFT L {t['length']} {t['variant']:<16} {t['median_ms']:.1f} ms "
+                             f"x{t['speedup']:.2f} FLOPs {t['flops_relative']:.3f}")
         train_log = path.parent / "train.json"
         per_seed[name] = {"model": str(path), "config": {k: saved.get(k) for k in shape},
                           "train": json.loads(train_log.read_text()) if train_log.is_file() else None,
@@ -407,7 +425,7 @@ def evaluate_seeds(cfg: PasskeyConfig, out, progress=print) -> dict:
             progress(f"pooled L {L} {label:<16} accuracy {pooled[-1]['accuracy']:.3f} Δ {d['diff']:+.4f} "
                      f"[{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] lost {d['lost']} gained {d['gained']}")
     ttft_rows = []
-    for t0 in first["ttft"]:
+    for t0 in first["ttft"] if all(rec["ttft"] for rec in per_seed.values()) else []:
         sp = [next(t for t in rec["ttft"] if t["variant"] == t0["variant"])["speedup"]
               for rec in per_seed.values()]
         ms = [next(t for t in rec["ttft"] if t["variant"] == t0["variant"])["median_ms"]
