@@ -162,6 +162,9 @@ def test_models_folder_is_evaluated_per_seed_and_pooled(tmp_path):
     pooled = pk.run(reuse, ResultsDir(tmp_path / "one"), progress=None)
     assert pooled["pooled"][0]["accuracy"] == 0.0  # the grid came from seed1.json
     assert [t["variant"] for t in pooled["ttft"]] == ["unpruned", "fastv 0.5"]
+    assert (tmp_path / "one" / "figure.png").is_file()
+    table = (tmp_path / "one" / "table.md").read_text().splitlines()
+    assert len(table) == 2 + 4 and table[3].startswith("| 16 | fastv 0.5 |")
     other = pk.PasskeyConfig(**{**reuse.__dict__, "keeps": (0.25,)})
     with pytest.raises(ValueError, match="another grid"):
         pk.run(other, ResultsDir(tmp_path / "one"), progress=None)

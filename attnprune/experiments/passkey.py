@@ -439,7 +439,67 @@ def evaluate_seeds(cfg: PasskeyConfig, out, progress=print) -> dict:
                "10,000 resamples); exact McNemar; Clopper-Pearson one-sided 95 % upper bound on the lost share",
                "pooled": pooled, "ttft": ttft_rows}
     out.write_json("summary.json", summary)
+    if summary["ttft"]:
+        out.save_figure("figure.png", figure(summary))
+    out.write_text("table.md", markdown_table(summary) + "\n")
     return summary
+
+
+def figure(summary: dict):
+    """TTFT ratio (unpruned / pruned, at the TTFT length) and pooled retrieval accuracy at
+    each evaluation length, against the kept fraction, per method (matplotlib figure)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    methods = sorted({r["options"]["method"] for r in summary["pooled"] if r["options"]})
+    colors = dict(zip(methods, ("tab:blue", "tab:orange", "tab:green")))
+    for m in methods:
+        rows = [t for t in summary["ttft"] if t["variant"].startswith(m + " ")]
+        keeps = [float(t["variant"].split()[1]) for t in rows]
+        a.plot(keeps, [t["speedup_mean"] for t in rows], "o-", color=colors[m], label=m)
+        for k, t in zip(keeps, rows):
+            a.plot([k] * len(t["speedup_per_seed"]), t["speedup_per_seed"], ".", color=colors[m], alpha=0.5)
+    a.axhline(2.0, color="grey", ls=":", lw=1)
+    a.axhline(1.0, color="black", lw=0.8)
+    L = summary["ttft"][0]["length"] if summary["ttft"] else "?"
+    a.set(xlabel="kept fraction", ylabel="TTFT unpruned / pruned", title=f"time to first token, {L} tokens, CPU 1 thread")
+    a.legend()
+    lengths = sorted({r["length"] for r in summary["pooled"]})
+    styles = dict(zip(lengths, ("o:", "s--", "^-", "v-.")))
+    for m in methods:
+        for L in lengths:
+            rows = [r for r in summary["pooled"] if r["length"] == L and r["options"].get("method") == m
+                    and r["options"].get("score", "attention") == "attention"]
+            full = next(r for r in summary["pooled"] if r["length"] == L and r["variant"] == "unpruned")
+            keeps = [r["options"]["keep"] for r in rows] + [1.0]
+            b.plot(keeps, [r["accuracy"] for r in rows] + [full["accuracy"]], styles[L], color=colors[m],
+                   label=f"{m} {L}")
+    b.set(xlabel="kept fraction", ylabel="retrieval accuracy (3 seeds pooled)", title="passkey retrieval")
+    b.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def markdown_table(summary: dict) -> str:
+    """The pooled rows (and the TTFT at the TTFT length) as a markdown table."""
+    ttft = {t["variant"]: t for t in summary["ttft"]}
+    lines = ["| prompt | variant | accuracy (pooled) | per seed | Δ vs unpruned [95 % CI] | lost / gained | "
+             "McNemar p | TTFT × (per seed) |", "|---|---|---|---|---|---|---|---|"]
+    tl = summary["ttft"][0]["length"] if summary["ttft"] else None
+    for r in summary["pooled"]:
+        seeds = " / ".join(f"{x:.3f}" for x in r["accuracy_per_seed"])
+        t = ttft.get(r["variant"]) if r["length"] == tl else None
+        tt = "" if t is None else (f"{t['speedup_mean']:.2f} (" + " / ".join(f"{x:.2f}" for x in t["speedup_per_seed"]) + ")")
+        if r["variant"] == "unpruned":
+            lines.append(f"| {r['length']} | unpruned | {r['accuracy']:.3f} | {seeds} | — | — | — | {tt} |")
+            continue
+        lines.append(f"| {r['length']} | {r['variant']} | {r['accuracy']:.3f} | {seeds} | "
+                     f"{100 * r['diff']:+.1f} pp [{100 * r['ci95'][0]:+.1f}, {100 * r['ci95'][1]:+.1f}] | "
+                     f"{r['lost']} / {r['gained']} | {r['mcnemar_p']:.2g} | {tt} |")
+    return "\n".join(lines)
 
 
 def save_model(model: nn.Module, path) -> None:
