@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine that does everything a session needs there, in order:
 #   1. `attnprune bench gpu` alone on the GPU (issue 22's targets: bf16, MiniLM and BERT-base
-#      shapes, B 1/32, T 128/512/2048, the Llama-1B-shaped prefill), cut off at BENCH_S (110 s);
+#      shapes, B 1/32, T 128/512/2048, the Llama-1B-shaped prefill), cut off at BENCH_S (90 s);
 #   2. then, concurrently (the GPU is shared; the timings are over):
 #      - the training phase of configs/pareto_docstring_domain_gpu.yaml (issue 24), one process
 #        per seed (0, 1, 2), each with 4 CPU threads for its int8 scoring;
+#      - the README recipe's fronts on Shakespeare and tweets (configs/pareto_{shakespeare,
+#        tweets}_cpu.yaml), all seeds in one process each, at low CPU priority (nice);
 #      - scripts/gpu_passkey.sh (issue 25: the passkey models up to 2k tokens), when present;
 #      - the CUDA tests (tests/test_sync_free.py, test_dtypes.py, test_measure.py -k cuda);
-#   3. packs $OUT/{bench,pareto,passkey,logs}.tgz (runs and predictions, no pareto weights).
-# Everything stops by DEADLINE_S (default 540 s from the start); a pareto run cut off keeps the
+#   3. packs $OUT/{bench,pareto,logs}.tgz and passkey-seed{0,1,2}.tgz (runs and predictions, no pareto weights).
+# Everything stops by DEADLINE_S (default 560 s from the start); a pareto run cut off keeps the
 # (point, seed) runs it finished (each is written atomically; the folders resume).
 # Inputs carried (ignored by git through .git/info/exclude): .carry/minilm (MiniLM-L6 with fp16
-# weights, widened back to fp32 here) and .carry/cache/docstring_domain (the corpus, gzipped).
-#   run(command="bash scripts/gpu_session.sh", carry=[".carry"], timeout_s=590)
+# weights, widened back to fp32 here), .carry/cache/docstring_domain (the corpus, gzipped) and
+# .carry/data/*.gz (the shared data files, gzipped: shakespeare.txt, tweets_sentiment.csv).
+#   run(command="bash scripts/gpu_session.sh", carry=[".carry"], timeout_s=595)
 # Dry run on the CPU (tiny shapes and splits):
 #   DEVICE=cpu QUICK=true PARETO_ARGS="--max-train 48 --max-test 32 --full-epochs 1" \
 #     DEADLINE_S=400 OUT=/tmp/gs_out bash scripts/gpu_session.sh
@@ -20,17 +23,19 @@
 # `attnprune pareto --out DEST --exact-out --phase time --threads 1` and `--phase summary`.
 set -uo pipefail
 START=$(date +%s)
-DEADLINE=${DEADLINE_S:-540}
+DEADLINE=${DEADLINE_S:-560}
 OUT=${OUT:-/tmp/gpu_session}
 DEVICE=${DEVICE:-cuda}
 QUICK=${QUICK:-false}
-BENCH_S=${BENCH_S:-110}
+BENCH_S=${BENCH_S:-90}
 PARETO_ARGS=${PARETO_ARGS:-}
 W=${WORK:-/tmp/gs}
 mkdir -p "$OUT" "$W"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export ATTNPRUNE_CACHE=$W/cache
+# a plain `python` for scripts that call it (the image's is python3)
+mkdir -p "$W/bin" && ln -sf "$(command -v python3)" "$W/bin/python" && export PATH=$W/bin:$PATH
 left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
 
 {
@@ -42,6 +47,9 @@ left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
 mkdir -p "$ATTNPRUNE_CACHE/docstring_domain"
 gunzip -c .carry/cache/docstring_domain/docstring_domain.jsonl.gz > "$ATTNPRUNE_CACHE/docstring_domain/docstring_domain.jsonl"
 cp .carry/cache/docstring_domain/manifest.json "$ATTNPRUNE_CACHE/docstring_domain/"
+export ATTNPRUNE_DATA=$W/data  # the shared data files, for the companion fronts
+mkdir -p "$ATTNPRUNE_DATA"
+for f in .carry/data/*.gz; do [[ -f $f ]] && gunzip -c "$f" > "$ATTNPRUNE_DATA/$(basename "$f" .gz)"; done
 python3 - "$W/minilm" <<'PY'
 import shutil, sys
 from pathlib import Path
@@ -68,8 +76,18 @@ for seed in 0 1 2; do
     --out "$W/pareto-seed$seed" --exact-out > "$W/pareto-seed$seed.log" 2>&1 &
   pids+=($!)
 done
+# the same comparison on the small tasks (the README recipe's configs), at low CPU priority:
+# whatever the docstring_domain front leaves of the machine
+for cfg in shakespeare tweets; do
+  [[ -f $ATTNPRUNE_DATA/$( [[ $cfg == tweets ]] && echo tweets_sentiment.csv || echo shakespeare.txt) ]] || continue
+  # shellcheck disable=SC2086
+  OMP_NUM_THREADS=2 timeout "$(( $(left) - 25 ))" nice -n 10 python3 -m attnprune.cli pareto \
+    --config "configs/pareto_${cfg}_cpu.yaml" --model "$W/minilm" --phase train --threads 2 \
+    --progress false $PARETO_ARGS --out "$W/pareto-$cfg" --exact-out > "$W/pareto-$cfg.log" 2>&1 &
+  pids+=($!)
+done
 if [[ -f scripts/gpu_passkey.sh ]]; then
-  PASSKEY_DEADLINE_S=$(( $(left) - 30 )) DEVICE=$DEVICE timeout "$(( $(left) - 25 ))" \
+  PASSKEY_BUDGET=${PASSKEY_BUDGET:-240} PASSKEY_KILL_S=${PASSKEY_KILL_S:-290} DEVICE=$DEVICE timeout "$(( $(left) - 25 ))" \
     bash scripts/gpu_passkey.sh "$W/passkey" > "$W/passkey.log" 2>&1 &
   pids+=($!)
 fi
@@ -79,6 +97,9 @@ if [[ $DEVICE == cuda ]]; then
   echo "CUDA tests exit $?: $(tail -1 "$W/cuda_tests.log")"
 fi
 for p in "${pids[@]}"; do wait "$p"; echo "job $p exit $?"; done
+for cfg in shakespeare tweets; do
+  echo "pareto $cfg: $(grep -c ': accuracy' "$W/pareto-$cfg.log" 2>/dev/null) runs"
+done
 for seed in 0 1 2; do
   echo "pareto seed $seed: $(grep -c ': accuracy' "$W/pareto-seed$seed.log") runs"
   grep -E ': accuracy|Error' "$W/pareto-seed$seed.log" | tail -30
@@ -87,8 +108,11 @@ tail -8 "$W/passkey.log" 2>/dev/null
 
 echo "== 3. pack ($(left) s left)"
 tar -czf "$OUT/pareto.tgz" -C "$W" --exclude=models pareto-seed0 pareto-seed1 pareto-seed2 2>/dev/null
+tar -czf "$OUT/pareto_small.tgz" -C "$W" --exclude=models pareto-shakespeare pareto-tweets 2>/dev/null
 tar -czf "$OUT/bench.tgz" -C "$W" bench 2>/dev/null
-[[ -d $W/passkey ]] && tar -czf "$OUT/passkey.tgz" -C "$W" passkey
+for seed in 0 1 2; do  # one file per seed: each file that comes back is at most 16 MiB
+  [[ -d $W/passkey/seed$seed ]] && tar -czf "$OUT/passkey-seed$seed.tgz" -C "$W" "passkey/seed$seed"
+done
 (cd "$W" && tar -czf "$OUT/logs.tgz" ./*.log)
 ls -la "$OUT"
 echo "done in $(( $(date +%s) - START )) s"
