@@ -487,18 +487,18 @@ def markdown_table(summary: dict) -> str:
     """The pooled rows (and the TTFT at the TTFT length) as a markdown table."""
     ttft = {t["variant"]: t for t in summary["ttft"]}
     lines = ["| prompt | variant | accuracy (pooled) | per seed | Δ vs unpruned [95 % CI] | lost / gained | "
-             "McNemar p | TTFT × (per seed) |", "|---|---|---|---|---|---|---|---|"]
+             "lost ≤ (95 %) | McNemar p | TTFT × (per seed) |", "|---|---|---|---|---|---|---|---|---|"]
     tl = summary["ttft"][0]["length"] if summary["ttft"] else None
     for r in summary["pooled"]:
         seeds = " / ".join(f"{x:.3f}" for x in r["accuracy_per_seed"])
         t = ttft.get(r["variant"]) if r["length"] == tl else None
         tt = "" if t is None else (f"{t['speedup_mean']:.2f} (" + " / ".join(f"{x:.2f}" for x in t["speedup_per_seed"]) + ")")
         if r["variant"] == "unpruned":
-            lines.append(f"| {r['length']} | unpruned | {r['accuracy']:.3f} | {seeds} | — | — | — | {tt} |")
+            lines.append(f"| {r['length']} | unpruned | {r['accuracy']:.3f} | {seeds} | — | — | — | — | {tt} |")
             continue
         lines.append(f"| {r['length']} | {r['variant']} | {r['accuracy']:.3f} | {seeds} | "
                      f"{100 * r['diff']:+.1f} pp [{100 * r['ci95'][0]:+.1f}, {100 * r['ci95'][1]:+.1f}] | "
-                     f"{r['lost']} / {r['gained']} | {r['mcnemar_p']:.2g} | {tt} |")
+                     f"{r['lost']} / {r['gained']} | {100 * r['lost_upper95']:.1f} pp | {r['mcnemar_p']:.2g} | {tt} |")
     return "\n".join(lines)
 
 
