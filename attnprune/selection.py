@@ -56,8 +56,11 @@ def budget(n_tokens: Tensor | int, keep_ratio: float, minimum: int = 1) -> Tenso
     """
     n = torch.as_tensor(n_tokens)
     # ρ as a float64 tensor, not a Python float: an ONNX export turns a Python scalar into a
-    # float32 constant (0.7 → 0.69999999), and ⌊10·ρ⌋ became 6 instead of 7.
-    rho = torch.tensor(keep_ratio, dtype=torch.float64, device=n.device)
+    # float32 constant (0.7 → 0.69999999), and ⌊10·ρ⌋ became 6 instead of 7. A 0-dim CPU
+    # tensor: it enters a CUDA kernel as a scalar argument, where one made on the device is a
+    # host-to-device copy, which waits for the device (seen on an H200 under
+    # torch.cuda.set_sync_debug_mode("error")).
+    rho = torch.tensor(keep_ratio, dtype=torch.float64)
     k = torch.floor(n.to(torch.float64) * rho + 1e-9).to(torch.long)
     k = torch.clamp(k, min=minimum)
     return torch.minimum(k, n.to(torch.long))
@@ -87,7 +90,9 @@ def topk_keep(
     if keep_ratio is not None:
         kk = budget(n_real, check_keep_ratio(keep_ratio))
     else:
-        kk = torch.minimum(torch.as_tensor(k, device=scores.device).expand(B).long(), n_real)
+        kk = (n_real.new_full((B,), int(k)) if not isinstance(k, Tensor)  # no copy to the device
+              else k.to(scores.device).expand(B).long())
+        kk = torch.minimum(kk, n_real)
     kk = torch.where(n_real > 0, kk, torch.zeros_like(kk))
     s = scores.detach().float().clone()
     s = torch.nan_to_num(s, nan=-1e30, posinf=1e30, neginf=-1e30)

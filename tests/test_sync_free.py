@@ -163,6 +163,50 @@ def test_sync_free_forward_never_reads_the_device(method, monkeypatch):
         attnprune.patch_state(model).stats["kept_per_layer"]
 
 
+def _refuse_python_data_on_a_device(monkeypatch):
+    """``torch.tensor`` / ``torch.as_tensor`` of Python data onto a device other than the CPU
+    raise: on CUDA that is a host-to-device copy, which waits for the device (the meta device
+    runs it silently; an H200 under ``set_sync_debug_mode("error")`` did not)."""
+    def guard(fn):
+        def wrapped(data, *args, **kwargs):
+            dev = kwargs.get("device")
+            if dev is not None and torch.device(dev).type != "cpu" and not isinstance(
+                    data, torch.Tensor):
+                raise AssertionError(f"Python data {data!r} copied to {dev}")
+            return fn(data, *args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(torch, "tensor", guard(torch.tensor))
+    monkeypatch.setattr(torch, "as_tensor", guard(torch.as_tensor))
+
+
+@pytest.mark.parametrize("method", ["attention_mass", "entropy", "random"])
+def test_sync_free_forward_copies_nothing_to_the_device(method, monkeypatch):
+    """After a warm-up (per-device tables are built once), the sync-free forward sends no
+    Python number to the device: k = ⌊ρ·n⌋ takes ρ as a CPU scalar. Failed on the H200 before
+    (selection.budget made ρ on the device) — checked here on the meta device."""
+    import transformers.masking_utils as mu
+
+    monkeypatch.setattr(mu, "_ignore_bidirectional_mask_sdpa", lambda *a, **k: False)
+    model = _bert(cls=BertModel)
+    attnprune.patch(model, method, keep_ratio=0.5, after_layer=1, sync_free=True,
+                    schedule="geometric")
+    model.to("meta")
+    ids, am = _batch()
+    with torch.no_grad():
+        model(input_ids=ids.to("meta"), attention_mask=am.to("meta"))  # warm-up
+        _refuse_python_data_on_a_device(monkeypatch)
+        out = model(input_ids=ids.to("meta"), attention_mask=am.to("meta"))
+    assert out.last_hidden_state.shape == (4, 24, 32)
+
+
+def test_python_data_guard_can_fail(monkeypatch):
+    _refuse_python_data_on_a_device(monkeypatch)
+    with pytest.raises(AssertionError, match="copied to meta"):
+        torch.tensor(0.5, device="meta")
+    torch.tensor(0.5)  # the CPU is fine
+
+
 def test_meta_check_catches_a_read():
     """The meta-device check above can fail: the CPU path reads counts back."""
     model = _bert(cls=BertModel)
