@@ -143,11 +143,10 @@ def test_fixed_width_is_the_largest_budget():
     assert _fixed_width(1, 0.5) == 1
 
 
-@pytest.mark.parametrize("method", FIXED)
-def test_sync_free_forward_never_reads_the_device(method, monkeypatch):
-    """The sync-free forward on the meta device, where every read of a value raises
-    (``.item()``, ``bool()``, ``.tolist()``): it must run to the end. HF's own mask shortcut
-    (``padding_mask.all()``, the stock model's, before the encoder) is switched off."""
+def _on_meta(method, monkeypatch):
+    """A BERT patched with ``method`` on the sync-free path, on the meta device (HF's own mask
+    shortcut, ``padding_mask.all()`` in the stock model before the encoder, switched off), and
+    a call running it on a padded batch."""
     import transformers.masking_utils as mu
 
     monkeypatch.setattr(mu, "_ignore_bidirectional_mask_sdpa", lambda *a, **k: False)
@@ -156,8 +155,17 @@ def test_sync_free_forward_never_reads_the_device(method, monkeypatch):
                     schedule="geometric")
     model.to("meta")
     ids, am = _batch()
+    return model, lambda: model(input_ids=ids.to("meta"), attention_mask=am.to("meta"))
+
+
+@pytest.mark.parametrize("method", FIXED)
+def test_sync_free_forward_never_reads_the_device(method, monkeypatch):
+    """The sync-free forward on the meta device, where every read of a value raises
+    (``.item()``, ``bool()``, ``.tolist()``): it must run to the end. HF's own mask shortcut
+    (``padding_mask.all()``, the stock model's, before the encoder) is switched off."""
+    model, run = _on_meta(method, monkeypatch)
     with torch.no_grad():
-        out = model(input_ids=ids.to("meta"), attention_mask=am.to("meta"))
+        out = run()
     assert out.last_hidden_state.shape == (4, 24, 32)
     with pytest.raises(Exception, match="meta"):  # the counts stayed on the device
         attnprune.patch_state(model).stats["kept_per_layer"]
@@ -185,18 +193,11 @@ def test_sync_free_forward_copies_nothing_to_the_device(method, monkeypatch):
     """After a warm-up (per-device tables are built once), the sync-free forward sends no
     Python number to the device: k = ⌊ρ·n⌋ takes ρ as a CPU scalar. Failed on the H200 before
     (selection.budget made ρ on the device) — checked here on the meta device."""
-    import transformers.masking_utils as mu
-
-    monkeypatch.setattr(mu, "_ignore_bidirectional_mask_sdpa", lambda *a, **k: False)
-    model = _bert(cls=BertModel)
-    attnprune.patch(model, method, keep_ratio=0.5, after_layer=1, sync_free=True,
-                    schedule="geometric")
-    model.to("meta")
-    ids, am = _batch()
+    _, run = _on_meta(method, monkeypatch)
     with torch.no_grad():
-        model(input_ids=ids.to("meta"), attention_mask=am.to("meta"))  # warm-up
+        run()  # warm-up
         _refuse_python_data_on_a_device(monkeypatch)
-        out = model(input_ids=ids.to("meta"), attention_mask=am.to("meta"))
+        out = run()
     assert out.last_hidden_state.shape == (4, 24, 32)
 
 
