@@ -13,7 +13,21 @@ runs, in order (each step can also be run alone, with the same ``--out``):
               (the same prompts as ``passkey.evaluate``'s seed 1): DIR/model.safetensors, DIR/prompts.pt
     ours      (this python) unpruned (the stock HF model), FastV and GemFilter at each keep → DIR/ours.json
     kvpress   (``--kvpress-python``) unpruned and each press at compression 1 − keep → DIR/kvpress.json
-    merge     DIR/summary.json and DIR/table.md
+    merge     DIR/summary.json and DIR/table.md (each row keeps its per-prompt ``right``)
+
+``--model-dir M`` (e.g. results/passkey_gpu/seed0, a ``passkey --train-only`` folder) takes the
+weights from M/model.safetensors and the model config from M/config.json (else M/config.yaml)
+instead of ``--cache``; the config travels in DIR/prepare.json, which both sides build from.
+``--lengths 512,1024,2048`` sets the prompt lengths. Several such folders (one per seed) pool
+into one table with
+
+    python scripts/kvpress_side_by_side.py pool --out POOLED --runs DIR0,DIR1,DIR2 [--command "..."]
+
+POOLED/summary.json and POOLED/table.md: per (side, variant) and length, the accuracy over all
+(seed, prompt), its paired difference from the same side's unpruned with a 95 % bootstrap CI
+(the prompts resampled, all seeds of a prompt kept together: the seeds share the prompts), the
+median over (seed, prompt) of TTFT / the same prompt's unpruned TTFT (CPU clock) and the
+median decode ms/token (CPU clock).
 
 Batch 1, greedy, 1 thread. Each prompt runs every variant of its side in turn (interleaved, so
 a change of load hits all variants alike); the first prompt is a warm-up and is run twice.
@@ -68,16 +82,42 @@ def _versions() -> dict:
 
 
 # -- prepare --------------------------------------------------------------------------------------
-def prepare(out: Path, cache: Path, lengths: list[int], n: int) -> None:
+def model_config(model_dir: Path | None):
+    """The PasskeyConfig of a ``passkey --train-only`` folder (config.json, else config.yaml);
+    the default config without one."""
+    from attnprune.experiments import passkey as pk
+
+    if model_dir is None:
+        return pk.PasskeyConfig()
+    if (model_dir / "config.json").exists():
+        raw = json.loads((model_dir / "config.json").read_text())
+    else:
+        import yaml
+
+        raw = yaml.safe_load((model_dir / "config.yaml").read_text())
+    return _config_from(raw)
+
+
+def _config_from(raw: dict):
+    from attnprune.experiments import passkey as pk
+
+    fields = pk.PasskeyConfig.__dataclass_fields__
+    return pk.PasskeyConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in fields})
+
+
+def prepare(out: Path, cache: Path, lengths: list[int], n: int, model_dir: Path | None = None) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
     from attnprune.experiments import passkey as pk
 
     torch.set_num_threads(1)
-    cfg = pk.PasskeyConfig()
-    weights = cache / "model.safetensors"
-    if weights.exists():
+    cfg = model_config(model_dir)
+    weights = (model_dir if model_dir is not None else cache) / "model.safetensors"
+    if model_dir is not None:
+        print(f"model: {weights} (config from {model_dir})")
+        state = load_file(str(weights))
+    elif weights.exists():
         print(f"model: {weights} (cached)")
         state = load_file(str(weights))
     else:
@@ -91,7 +131,8 @@ def prepare(out: Path, cache: Path, lengths: list[int], n: int) -> None:
 
     digest = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
     (out / "prepare.json").write_text(json.dumps({
-        "model_sha256": digest, "cached": (cache / "model.safetensors").exists(), "lengths": lengths, "n": n,
+        "model_sha256": digest, "model_dir": None if model_dir is None else str(model_dir),
+        "cached": (cache / "model.safetensors").exists(), "lengths": lengths, "n": n,
         "prompt_seed": 1, "passkey_config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}}, indent=1))
     prompts = {}
     for L in lengths:  # as passkey.evaluate(seed=1, batch=16): the same prompts as docs/results/passkey_cpu
@@ -109,7 +150,8 @@ def _load(out: Path):
     from attnprune.experiments import passkey as pk
 
     torch.set_num_threads(1)
-    cfg = pk.PasskeyConfig()
+    prep = out / "prepare.json"
+    cfg = _config_from(json.loads(prep.read_text())["passkey_config"]) if prep.exists() else pk.PasskeyConfig()
     model = pk.build_model(cfg)
     model.load_state_dict(load_file(str(out / "model.safetensors")))
     return model.eval(), cfg, torch.load(out / "prompts.pt", weights_only=True)
@@ -345,7 +387,8 @@ def merge(sides: list[dict]) -> dict:
                 "ttft_ratio_cpu": _median(r["ttft_cpu_ms"]) / _median(b0["ttft_cpu_ms"]),
                 "ttft_ratio_wall": _median(r["ttft_wall_ms"]) / _median(b0["ttft_wall_ms"]),
                 "decode_cpu_ms": _median(r["decode_cpu_ms"]), "decode_wall_ms": _median(r["decode_wall_ms"]),
-                "cache_kept": sum(r["cache_kept"]) / n, "prompt_kept": sum(r["prompt_kept"]) / n})
+                "cache_kept": sum(r["cache_kept"]) / n, "prompt_kept": sum(r["prompt_kept"]) / n,
+                "right": [bool(x) for x in r["right"]]})
             rows.append(row)
     rows.sort(key=lambda r: (r["length"], r["side"] != "attnprune", r["variant"] != "unpruned",
                              r.get("method", ""), r.get("kept", 1.0)))
@@ -391,12 +434,112 @@ def merge_dir(out: Path) -> dict:
     return summary
 
 
+# -- pool (several seeds) ---------------------------------------------------------------------------
+def _cluster_bootstrap(d, n_resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile CI of the mean of d (seeds × prompts): the prompts are resampled, each
+    with all its seeds (the seeds share the prompts)."""
+    import numpy as np
+
+    d = np.asarray(d, dtype=float)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, d.shape[1], size=(n_resamples, d.shape[1]))
+    means = d[:, idx].mean(axis=(0, 2))
+    lo, hi = np.quantile(means, [0.025, 0.975])
+    return float(lo), float(hi)
+
+
+def pool(runs: list[Path], n_resamples: int = 10_000) -> dict:
+    """One row per (length, side, variant) over the runs (one per seed, same prompts)."""
+    import numpy as np
+
+    sides = {}  # side → [run's side json]
+    for run in runs:
+        for f in ("ours.json", "kvpress.json"):
+            if (run / f).exists():
+                s = json.loads((run / f).read_text())
+                sides.setdefault(s["side"], []).append(s)
+    rows, env = [], {}
+    for side, per_run in sides.items():
+        env[side] = per_run[0]["env"]
+        # a run may hold only some lengths (e.g. seed0 at 2048 in one run, at 512/1024 in another)
+        by = [{(r["length"], r["variant"]): r for r in s["rows"]} for s in per_run]
+        for key in sorted({k for b in by for k in b}):
+            L, variant = key
+            have = [b for b in by if key in b]
+            meta = have[0][key]
+            row = {k: meta[k] for k in ("length", "variant", "side", "kept", "method") if k in meta}
+            recs = [b[key] for b in have]
+            errs = [r.get("error", "no prompts") for r in recs if not r.get("right")]
+            if errs:
+                rows.append({**row, "error": errs[0], "runs_ok": len(recs) - len(errs)})
+                continue
+            base = [b[(L, "unpruned")] for b in have]
+            if len({len(r["right"]) for r in recs + base}) != 1:
+                raise ValueError(f"{side} {key}: the runs differ in their number of prompts")
+            right = np.array([r["right"] for r in recs], dtype=float)
+            right0 = np.array([r["right"] for r in base], dtype=float)
+            d = right - right0
+            lo, hi = (0.0, 0.0) if variant == "unpruned" else _cluster_bootstrap(d, n_resamples)
+            ratio = [t / t0 for r, r0 in zip(recs, base) for t, t0 in zip(r["ttft_cpu_ms"], r0["ttft_cpu_ms"])]
+            ratio_w = [t / t0 for r, r0 in zip(recs, base) for t, t0 in zip(r["ttft_wall_ms"], r0["ttft_wall_ms"])]
+            row.update({
+                "seeds": len(recs), "n_per_seed": right.shape[1], "n": int(right.size),
+                "accuracy": float(right.mean()), "accuracy_per_seed": right.mean(axis=1).tolist(),
+                "unpruned_accuracy": float(right0.mean()),
+                "diff_vs_unpruned": float(d.mean()), "diff_ci95": [lo, hi],
+                "lost": int((d < 0).sum()), "gained": int((d > 0).sum()),
+                "ttft_ratio_cpu_median": _median(ratio), "ttft_ratio_wall_median": _median(ratio_w),
+                "ttft_cpu_ms_median": _median([t for r in recs for t in r["ttft_cpu_ms"]]),
+                "decode_cpu_ms_median": _median([t for r in recs for t in r["decode_cpu_ms"]]),
+                "decode_wall_ms_median": _median([t for r in recs for t in r["decode_wall_ms"]]),
+                "cache_kept": float(np.mean([x for r in recs for x in r["cache_kept"]]))})
+            rows.append(row)
+    rows.sort(key=lambda r: (r["length"], r["side"] != "attnprune", r["variant"] != "unpruned",
+                             r.get("method", ""), r.get("kept", 1.0)))
+    question = {json.loads((run / "kvpress.json").read_text()).get("question") for run in runs
+                if (run / "kvpress.json").exists()}
+    return {"runs": [str(r) for r in runs], "rows": rows, "env": env, "kvpress_question": sorted(question),
+            "bootstrap": {"resamples": n_resamples, "unit": "prompt (all seeds of a prompt together)",
+                          "interval": "percentile 95 %"},
+            "ttft_ratio": "median over (seed, prompt) of TTFT / the same prompt's unpruned TTFT on the same side "
+                          "(CPU clock, variants interleaved per prompt)"}
+
+
+def format_pooled(summary: dict) -> str:
+    lines = ["| prompt | side | variant | kept (cache) | accuracy | Δ vs unpruned [95 % CI] | TTFT / unpruned "
+             "| decode ms/token |", "|---|---|---|---|---|---|---|---|"]
+    for r in summary["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['length']} | {r['side']} | {r['variant']} | — | {r['error'][:60]} | — | — | — |")
+            continue
+        d = ("—" if r["variant"] == "unpruned" else
+             f"{100 * r['diff_vs_unpruned']:+.1f} pp [{100 * r['diff_ci95'][0]:+.1f}, {100 * r['diff_ci95'][1]:+.1f}]")
+        lines.append(f"| {r['length']} | {r['side']} | {r['variant']} | {r['kept']:.2f} ({r['cache_kept']:.2f}) "
+                     f"| {r['accuracy']:.3f} | {d} | {r['ttft_ratio_cpu_median']:.2f} | {r['decode_cpu_ms_median']:.2f} |")
+    return "\n".join(lines)
+
+
+def pool_dir(out: Path, runs: list[Path], command: str | None) -> dict:
+    summary = pool(runs)
+    summary["command"] = command
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    table = format_pooled(summary)
+    head = (f"**Source** (`kvpress-2k`): `{out}`, written by `{command}`\n\n" if command else "")
+    (out / "table.md").write_text(head + table + "\n")
+    print(head + table)
+    return summary
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("step", choices=("all", "prepare", "ours", "kvpress", "merge"))
+    ap.add_argument("step", choices=("all", "prepare", "ours", "kvpress", "merge", "pool"))
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--cache", type=Path, default=Path("/tmp/attnprune_passkey_cache"),
                     help="folder of model.safetensors (trained there if missing)")
+    ap.add_argument("--model-dir", type=Path, default=None,
+                    help="a passkey --train-only folder: model.safetensors + config.json/yaml (instead of --cache)")
+    ap.add_argument("--runs", default="", help="pool: the run folders (one per seed), comma-separated")
+    ap.add_argument("--command", default=None, help="pool: the command(s) to name in table.md's caption")
     ap.add_argument("--kvpress-python", default="/tmp/kvp/bin/python")
     ap.add_argument("--lengths", default="96,192")
     ap.add_argument("--n", type=int, default=128)
@@ -407,8 +550,10 @@ def main(argv: list[str]) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     common = ["--out", str(a.out), "--decode-tokens", str(a.decode_tokens)]
-    if a.step == "prepare":
-        prepare(a.out, a.cache, [int(x) for x in a.lengths.split(",")], a.n)
+    if a.step == "pool":
+        pool_dir(a.out, [Path(x) for x in a.runs.split(",") if x], a.command)
+    elif a.step == "prepare":
+        prepare(a.out, a.cache, [int(x) for x in a.lengths.split(",")], a.n, a.model_dir)
     elif a.step == "ours":
         ours(a.out, a.decode_tokens)
     elif a.step == "kvpress":
@@ -417,7 +562,7 @@ def main(argv: list[str]) -> int:
         merge_dir(a.out)
     else:
         me = [__file__]
-        prepare(a.out, a.cache, [int(x) for x in a.lengths.split(",")], a.n)
+        prepare(a.out, a.cache, [int(x) for x in a.lengths.split(",")], a.n, a.model_dir)
         subprocess.run([sys.executable, *me, "ours", *common], check=True)
         subprocess.run([a.kvpress_python, *me, "kvpress", *common, "--kvpress-question", a.kvpress_question,
                         "--presses", a.presses], check=True)
