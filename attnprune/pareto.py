@@ -15,7 +15,12 @@ One results folder holds every point of the front, each scored on the same test 
   first N layers of the full model are kept and then pruned: token pruning composed with
   layer-dropping, the way it composes with int8; with ``rank_distill: w`` (label ``…/rankw``)
   the fine-tuning adds ranking distillation (:mod:`attnprune.rank_distill`: the full model's
-  token importance as the target of the scorer at the first cut, weight w);
+  token importance as the target of the scorer at the first cut, weight w); with ``schedule:
+  search`` and ``flops_budget: b`` (label ``…@searchb``) the per-layer keep ratios are searched
+  under that FLOPs budget (:mod:`attnprune.schedule_search`: greedy, the least KL to the full
+  model's predictions per FLOP saved) once per folder, on the first seed's full model and
+  ``search_examples`` (64) validation passages, kept in ``search.json`` and used by every
+  seed and by the time phase;
 * ``… +int8`` for every one of these (``int8: true``): the trained model after dynamic int8
   quantization of its Linear layers (:func:`attnprune.deploy.quantize_int8`), scored on CPU.
 
@@ -70,9 +75,9 @@ import numpy as np
 import torch
 
 from . import api
-from .config import parse_command_line, to_dict
+from .config import ConfigError, parse_command_line, to_dict
 from .measure import count_flops, env_info, time_interleaved
-from .results import ResultsDir
+from .results import ResultsDir, atomic_write_text
 from .selection import check_keep_ratio
 
 __all__ = ["ParetoConfig", "main", "run", "summarize"]
@@ -162,11 +167,26 @@ class ParetoConfig:
             if not isinstance(p, dict):
                 raise ValueError(f"prune[{i}]: expected a mapping with 'method', got {p!r}")  # noqa: TRY004 (config contract: ValueError naming the field)
             unknown = set(p) - {"method", "keep_ratio", "after_layer", "schedule", "options",
-                                "layers", "rank_distill"}
+                                "layers", "rank_distill", "flops_budget", "search_examples"}
             if unknown:
                 raise ValueError(f"prune[{i}].{min(unknown)}: unknown key (known: method, "
                                  "keep_ratio, after_layer, schedule, options, layers, "
-                                 "rank_distill)")
+                                 "rank_distill, flops_budget, search_examples)")
+            if p.get("schedule") == "search":
+                b = p.get("flops_budget")
+                if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b <= 1:
+                    raise ValueError(f"prune[{i}].flops_budget: schedule 'search' needs a FLOPs "
+                                     f"budget in (0, 1] (relative to full), got {b!r}")
+                if p.get("layers") is not None:
+                    raise ValueError(f"prune[{i}].layers: schedule 'search' searches the full "
+                                     "depth; give it without layers")
+                ex = p.get("search_examples", 64)
+                if isinstance(ex, bool) or not isinstance(ex, int) or ex < 1:
+                    raise ValueError(f"prune[{i}].search_examples: must be an integer ≥ 1, "
+                                     f"got {ex!r}")
+            elif "flops_budget" in p or "search_examples" in p:
+                key = "flops_budget" if "flops_budget" in p else "search_examples"
+                raise ValueError(f"prune[{i}].{key}: only with schedule: search")
             rank = p.get("rank_distill", 0)
             if isinstance(rank, bool) or not isinstance(rank, (int, float)) or not rank >= 0:
                 raise ValueError(f"prune[{i}].rank_distill: must be a number ≥ 0, got {rank!r}")
@@ -214,8 +234,8 @@ class ParetoConfig:
         for p in self.prune:
             rhos = p.get("keep_ratio", 0.5)
             rhos = list(rhos) if isinstance(rhos, (list, tuple)) else [rhos]
-            if isinstance(p.get("schedule"), (list, tuple)):
-                rhos = rhos[:1]  # the list schedule fixes every layer's ratio: one point
+            if isinstance(p.get("schedule"), (list, tuple)) or p.get("schedule") == "search":
+                rhos = rhos[:1]  # the schedule fixes every layer's ratio: one point
             # the options are part of the name: two scorers at one ρ are two points
             opts = ",".join(f"{v}" if k == "variant" else f"{k}={v}"
                             for k, v in sorted(p.get("options", {}).items()))
@@ -225,6 +245,8 @@ class ParetoConfig:
                 sched = p.get("schedule", "single")
                 if isinstance(sched, (list, tuple)):  # per-layer cumulative keep ratios
                     label = f"{name}@[{','.join(f'{r:g}' for r in sched)}]"
+                elif sched == "search":  # per-layer ratios searched under a FLOPs budget
+                    label = f"{name}@search{float(p['flops_budget']):g}"
                 else:
                     suffix = "" if sched in (None, "single") else f"/{sched}"
                     label = f"{name}@{rho:g}/L{after}{suffix}"
@@ -234,10 +256,14 @@ class ParetoConfig:
                 rank = float(p.get("rank_distill", 0) or 0)
                 if rank:
                     label += f"/rank{rank:g}"
+                search = ({"flops_budget": float(p["flops_budget"]),
+                           "search_examples": int(p.get("search_examples", 64))}
+                          if sched == "search" else {})
                 pts.append({"label": label, "kind": "prune",
                             "method": p["method"], "keep_ratio": float(rho), "after_layer": after,
                             "schedule": sched, "options": dict(p.get("options", {})),
-                            "layers": depth, **({"rank_distill": rank} if rank else {})})
+                            "layers": depth, **({"rank_distill": rank} if rank else {}),
+                            **search})
         return pts
 
 
@@ -254,6 +280,42 @@ def shape(model, point: dict):
                   after_layer=point["after_layer"], schedule=point["schedule"],
                   **point["options"])
     return model
+
+
+SEARCH_FILE = "search.json"
+
+
+def searched(results: ResultsDir, cfg: ParetoConfig, point: dict, full_model=None,
+             data=None, tok=None) -> dict:
+    """``point`` with its searched schedule (``schedule: search``; other points unchanged).
+    The search (:func:`attnprune.schedule_search.search_schedule`) runs once per folder, on the
+    first full model that reaches it (the first seed's) and the first ``search_examples``
+    validation passages, and is kept in ``search.json``: every seed and the time phase use
+    that one schedule, so the point has one cost. Without ``full_model`` (the time phase) a
+    missing search is an error."""
+    if point.get("schedule") != "search":
+        return point
+    path = results.path / SEARCH_FILE
+    found = json.loads(path.read_text()) if path.is_file() else {}
+    if point["label"] not in found:
+        if full_model is None:
+            raise ConfigError(f"{point['label']}: its schedule is searched on a trained full "
+                              f"model: run the train phase first (it writes {SEARCH_FILE})")
+        from .schedule_search import search_schedule
+
+        rows = np.arange(min(point["search_examples"], len(data.val)))
+        batches = list(_loader(data.val, tok, cfg.eval_batch_size, cfg.max_length, order=rows))
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # as the training runs
+        batches = [{k: v.to(device) for k, v in b.items() if k != "labels"} for b in batches]
+        res = search_schedule(copy.deepcopy(full_model).to(device), batches, point["flops_budget"], method=point["method"],
+                              options=point["options"],
+                              progress=print if cfg.progress else None)
+        res["searched_on"] = {"examples": int(rows.size), "split": "val"}
+        found[point["label"]] = res
+        atomic_write_text(path, json.dumps(found, indent=2))
+        print(f"{point['label']}: searched schedule {res['schedule']} "
+              f"(FLOPs {res['flops']:.3f}, KL {res['kl']:.4f})")
+    return {**point, "schedule": list(found[point["label"]]["schedule"])}
 
 
 def build(base, point: dict, *, int8: bool = False):
@@ -341,6 +403,7 @@ def train_phase(cfg: ParetoConfig, results: ResultsDir, data) -> None:
             else:
                 load_weights(model, full_dir / "model.safetensors")
                 teacher = copy.deepcopy(model).eval()
+                point = searched(results, cfg, point, model, data, tok)
                 shape(model, point)
                 if results.run_done(key):
                     record = results.load_run(key)
@@ -407,7 +470,7 @@ def time_phase(cfg: ParetoConfig, results: ResultsDir, data) -> dict:
 
     base, tok = load_model(cfg.model, data.n_classes)
     base.eval()
-    points = cfg.points()
+    points = [searched(results, cfg, p) for p in cfg.points()]
     models = {}
     for p in points:
         models[p["label"]] = build(base, p)

@@ -193,6 +193,39 @@ def test_pareto_end_to_end_and_resume(tiny, tmp_path, capsys):  # noqa: F811
         torch.set_num_threads(n)
 
 
+def test_searched_schedule_point_end_to_end(tiny, tmp_path):  # noqa: F811
+    """``schedule: search``: the train phase searches the schedule once (the first seed's full
+    model, validation passages), writes search.json, trains every seed with that schedule, and
+    the time phase times it; the time phase alone, before any search, is refused."""
+    n = torch.get_num_threads()
+    argv = ["--model", str(tiny / "model"), "--data", f"csv:{tiny / 'data.csv'}",
+            "--max-length", "16", "--seeds", "0,1", "--full-epochs", "1", "--epochs", "1",
+            "--lr", "1e-3", "--batch-size", "8", "--layer-drop", "1", "--int8", "false",
+            "--prune", "[{method: attention_mass, schedule: search, flops_budget: 0.8, "
+            "search_examples: 8}]",
+            "--timing-batch-sizes", "4", "--timing-batches", "1", "--timing-repeats", "1",
+            "--threads", "1", "--progress", "false", "--exact-out"]
+    label = "attention_mass@search0.8"
+    try:
+        early = tmp_path / "early"
+        with pytest.raises(ConfigError, match="run the train phase first"):
+            main([*argv, "--out", str(early), "--phase", "time"])
+        out = tmp_path / "front"
+        assert main([*argv, "--out", str(out)]) == 0
+        found = json.loads((out / "search.json").read_text())[label]
+        assert found["reached"] and found["flops"] <= 0.8
+        r = found["schedule"]
+        assert len(r) == 2 and min(r) < 1 and r[0] >= r[1]
+        for seed in (0, 1):  # both seeds trained the one searched schedule
+            run = json.loads((out / "runs" / f"attention_mass_search0.8__seed{seed}.json")
+                             .read_text())
+            assert run["point"]["schedule"] == r
+        s = json.loads((out / "summary.json").read_text())
+        assert s["points"][label]["flops_relative"]["4"] <= 0.8 + 0.05
+    finally:
+        torch.set_num_threads(n)
+
+
 def test_methods_with_a_trained_budget_are_refused_before_work(tmp_path):
     """The time phase runs untrained weights: a method whose kept count depends on them
     (``variable_budget``: thresholds, policies) would be timed with a kept count it never has

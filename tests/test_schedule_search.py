@@ -1,0 +1,86 @@
+"""The budgeted schedule search (attnprune.schedule_search): it reaches its FLOPs budget and no
+more than one step past it, returns a non-increasing schedule that patch() accepts, leaves the
+model unchanged, picks the cheaper-in-KL layer, and refuses bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+import attnprune
+from attnprune.measure import count_flops
+from attnprune.schedule_search import search_schedule
+
+LEVELS = (1.0, 0.5, 0.25)  # a coarse grid: few steps, a fast test
+KW = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64,
+      "max_position_embeddings": 80, "vocab_size": 60}
+
+
+def _bert(layers=4):
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(num_hidden_layers=layers, num_labels=3,
+                                                     **KW)).eval()
+    with torch.no_grad():  # confident predictions, so that pruning moves them measurably
+        model.classifier.weight.mul_(200)
+    return model
+
+
+def _batches(n=1, B=4, L=32):
+    g = torch.Generator().manual_seed(1)
+    return [{"input_ids": torch.randint(5, 60, (B, L), generator=g),
+             "attention_mask": torch.ones(B, L, dtype=torch.long)} for _ in range(n)]
+
+
+@pytest.mark.parametrize("budget", [0.8, 0.5])
+def test_search_reaches_its_flops_budget(budget):
+    model, batches = _bert(), _batches()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    found = search_schedule(model, batches, budget, levels=LEVELS)
+    r = found["schedule"]
+    assert found["reached"] and found["flops"] <= budget + 1e-9
+    assert len(r) == 3 and all(a >= b for a, b in zip(r, r[1:]))
+    # one step before the last was still above the budget: it stops as soon as it is reached
+    assert found["history"][-2]["flops"] > budget
+    # the FLOPs it reports are the patched model's, counted
+    full = sum(count_flops(lambda b=b: model(**b)) for b in batches)
+    attnprune.patch(model, "attention_mass", schedule=r)
+    pruned = sum(count_flops(lambda b=b: model(**b)) for b in batches)
+    attnprune.unpatch(model)
+    assert pruned / full == pytest.approx(found["flops"], rel=1e-6)
+    # the model it was given is unchanged and unpatched
+    assert attnprune.patch_state(model) is None
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
+
+
+def test_budget_one_prunes_nothing_and_kl_grows_along_the_path():
+    found = search_schedule(_bert(), _batches(), 1.0, levels=LEVELS)
+    assert found["schedule"] == [1.0, 1.0, 1.0] and found["kl"] == 0.0
+    path = search_schedule(_bert(), _batches(), 0.4, levels=LEVELS)["history"]
+    assert [h["flops"] for h in path] == sorted((h["flops"] for h in path), reverse=True)
+    assert path[-1]["kl"] > 0
+
+
+def test_search_prefers_the_layer_whose_cut_costs_less():
+    """A model whose last layers do nothing (zeroed output weights: the residual carries the
+    states) loses nothing when they see fewer tokens: the search cuts there first."""
+    model = _bert(layers=4)
+    with torch.no_grad():
+        for layer in model.bert.encoder.layer[2:]:
+            layer.attention.output.dense.weight.zero_()
+            layer.attention.output.dense.bias.zero_()
+            layer.output.dense.weight.zero_()
+            layer.output.dense.bias.zero_()
+    found = search_schedule(model, _batches(), 0.9, levels=LEVELS)
+    assert found["history"][1]["lowered"] == 2  # after layer 2: layers 3-4 are inert
+    assert found["schedule"][0] == 1.0
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="flops_budget"):
+        search_schedule(_bert(), _batches(), 0.0)
+    with pytest.raises(ValueError, match="levels"):
+        search_schedule(_bert(), _batches(), 0.5, levels=[0.5, 0.25])
+    with pytest.raises(ValueError, match="batches"):
+        search_schedule(_bert(), [], 0.5)
