@@ -201,8 +201,8 @@ def test_searched_schedule_point_end_to_end(tiny, tmp_path):  # noqa: F811
     argv = ["--model", str(tiny / "model"), "--data", f"csv:{tiny / 'data.csv'}",
             "--max-length", "16", "--seeds", "0,1", "--full-epochs", "1", "--epochs", "1",
             "--lr", "1e-3", "--batch-size", "8", "--layer-drop", "1", "--int8", "false",
-            "--prune", "[{method: attention_mass, schedule: search, flops_budget: 0.8, "
-            "search_examples: 8}]",
+            "--prune", ("[{method: attention_mass, schedule: search, flops_budget: 0.8, "
+                        "search_examples: 8}]"),
             "--timing-batch-sizes", "4", "--timing-batches", "1", "--timing-repeats", "1",
             "--threads", "1", "--progress", "false", "--exact-out"]
     label = "attention_mass@search0.8"

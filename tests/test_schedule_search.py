@@ -4,6 +4,8 @@ model unchanged, picks the cheaper-in-KL layer, and refuses bad input."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
@@ -39,7 +41,7 @@ def test_search_reaches_its_flops_budget(budget):
     found = search_schedule(model, batches, budget, levels=LEVELS)
     r = found["schedule"]
     assert found["reached"] and found["flops"] <= budget + 1e-9
-    assert len(r) == 3 and all(a >= b for a, b in zip(r, r[1:]))
+    assert len(r) == 3 and all(a >= b for a, b in itertools.pairwise(r))
     # one step before the last was still above the budget: it stops as soon as it is reached
     assert found["history"][-2]["flops"] > budget
     # the FLOPs it reports are the patched model's, counted
