@@ -29,6 +29,9 @@ DEVICE=${DEVICE:-cuda}
 QUICK=${QUICK:-false}
 BENCH_S=${BENCH_S:-90}
 PARETO_ARGS=${PARETO_ARGS:-}
+PARETO_CONFIG=${PARETO_CONFIG:-configs/pareto_docstring_domain_gpu.yaml}
+COMPANIONS=${COMPANIONS:-true}  # false: the whole CPU to the main front's int8 scoring
+PASSKEY=${PASSKEY:-true}  # false: no passkey training
 W=${WORK:-/tmp/gs}
 mkdir -p "$OUT" "$W"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MPLBACKEND=Agg
@@ -68,17 +71,32 @@ echo "bench exit $? ($(left) s left)"; tail -40 "$W/bench.log"
 
 echo "== 2. training, concurrently ($(left) s left)"
 pids=()
-for seed in 0 1 2; do
+pareto_seed() {  # seed → a background train-phase process of $PARETO_CONFIG
   # shellcheck disable=SC2086
   OMP_NUM_THREADS=4 timeout "$(( $(left) - 25 ))" python3 -m attnprune.cli pareto \
-    --config configs/pareto_docstring_domain_gpu.yaml --model "$W/minilm" --seeds "$seed" \
+    --config "$PARETO_CONFIG" --model "$W/minilm" --seeds "$1" \
     --phase train --threads 4 --progress false $PARETO_ARGS \
-    --out "$W/pareto-seed$seed" --exact-out > "$W/pareto-seed$seed.log" 2>&1 &
+    --out "$W/pareto-seed$1" --exact-out > "$W/pareto-seed$1.log" 2>&1 &
   pids+=($!)
-done
+}
+pareto_seed 0
+# searched schedules (schedule: search) are searched once, on seed 0's full model: the other
+# seeds start when seed 0's search.json holds them all, from a copy of it
+n_search=$(grep -cE "^ *- .*schedule: search" "$PARETO_CONFIG" || true)
+if (( n_search > 0 )); then
+  until python3 -c "import json,sys; sys.exit(len(json.load(open('$W/pareto-seed0/search.json'))) < $n_search)" 2>/dev/null \
+      || (( $(left) < 60 )) || ! kill -0 "${pids[0]}" 2>/dev/null; do sleep 5; done
+  echo "searched schedules ready ($(left) s left)"
+  for seed in 1 2; do
+    mkdir -p "$W/pareto-seed$seed" && cp "$W/pareto-seed0/search.json" "$W/pareto-seed$seed/" 2>/dev/null
+  done
+fi
+pareto_seed 1
+pareto_seed 2
 # the same comparison on the small tasks (the README recipe's configs), at low CPU priority:
 # whatever the docstring_domain front leaves of the machine
 for cfg in shakespeare tweets; do
+  [[ $COMPANIONS == true ]] || break
   [[ -f $ATTNPRUNE_DATA/$( [[ $cfg == tweets ]] && echo tweets_sentiment.csv || echo shakespeare.txt) ]] || continue
   # shellcheck disable=SC2086
   OMP_NUM_THREADS=2 timeout "$(( $(left) - 25 ))" nice -n 10 python3 -m attnprune.cli pareto \
@@ -86,7 +104,7 @@ for cfg in shakespeare tweets; do
     --progress false $PARETO_ARGS --out "$W/pareto-$cfg" --exact-out > "$W/pareto-$cfg.log" 2>&1 &
   pids+=($!)
 done
-if [[ -f scripts/gpu_passkey.sh ]]; then
+if [[ $PASSKEY == true && -f scripts/gpu_passkey.sh ]]; then
   PASSKEY_BUDGET=${PASSKEY_BUDGET:-240} PASSKEY_KILL_S=${PASSKEY_KILL_S:-290} DEVICE=$DEVICE timeout "$(( $(left) - 25 ))" \
     bash scripts/gpu_passkey.sh "$W/passkey" > "$W/passkey.log" 2>&1 &
   pids+=($!)

@@ -4,7 +4,8 @@
     python scripts/merge_results.py DEST SRC [SRC ...]
 
 Copies ``runs/*.json`` and ``predictions/*.npz`` (never overwriting a file DEST already has)
-and ``config.yaml`` / ``data.json`` from the first SRC when DEST has none; the seeds of DEST's
+and ``config.yaml`` / ``data.json`` / ``search.json`` from the first SRC when DEST has none (a
+``search.json`` that differs between folders is an error); the seeds of DEST's
 config become the union of all seeds found. Then run ``attnprune pareto --out DEST --phase
 time`` (and ``--phase summary``) where the latency matters.
 """
@@ -24,9 +25,14 @@ def merge(dest: Path, sources: list[Path]) -> list[int]:
     for src in sources:
         if not (src / "config.yaml").is_file():
             raise SystemExit(f"{src}: not a results folder (no config.yaml)")
-        for name in ("config.yaml", "data.json"):
+        for name in ("config.yaml", "data.json", "search.json"):
             if not (dest / name).is_file() and (src / name).is_file():
                 shutil.copy2(src / name, dest / name)
+        # searched schedules (schedule: search) must be one per folder: every seed trained on it
+        if (src / "search.json").is_file() and (dest / "search.json").read_text() != (
+                src / "search.json").read_text():
+            raise SystemExit(f"{src}: its search.json differs from {dest}'s: its seeds trained "
+                             "other searched schedules, so they are not one point")
         seeds |= set(yaml.safe_load((src / "config.yaml").read_text()).get("seeds", []))
         for sub in ("runs", "predictions"):
             (dest / sub).mkdir(exist_ok=True)
