@@ -8,6 +8,18 @@ A randomly initialised Llama-shaped decoder (defaults: width 256, 8 layers, 4 he
     fastv ρ           :func:`attnprune.prefill.prefill`, FastV cut at ``fastv_layer``
     gemfilter ρ       the same, GemFilter (layers < ``gemfilter_layer`` score, then all rerun)
     fastv 1.0         the pruning loop keeping everything: its own overhead
+    layers=N          the stock model cut to its first ``baseline_layers`` layers (default
+                      half): the shallower model a user tries first
+    int8              the stock model after dynamic int8 quantization of its Linear layers
+                      (:func:`attnprune.deploy.quantize_int8`, CPU)
+    fastv ρ+int8      FastV at the smallest keep ratio on that int8 model (both at once)
+
+Prompts: with ``ragged`` and ``batch`` > 1, the rows have lengths spread evenly over [L/2, L],
+left padded (as a batch of real prompts arrives); otherwise every row fills L. Per variant, and
+with the same interleaving: ``decode_ms`` the mean time of each of ``decode_tokens`` greedy
+decode steps after the prefill (through the pruned cache for pruned variants), and
+``peak_mb`` the peak growth of resident memory during one prefill
+(:func:`attnprune.measure.peak_memory`; 0 disables each).
 
 Timing: :func:`attnprune.measure.time_interleaved` (variants round-robin, warm-up discarded,
 median and MAD of ``repeats`` rounds), ``clock`` "wall" (time to first token) or "cpu" (this
@@ -25,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import parse_command_line, to_dict
-from ..measure import count_flops, env_info, time_interleaved
+from ..measure import count_flops, env_info, peak_memory, time_interleaved
 from ..prefill import PrefillConfig, prefill
 from ..results import ResultsDir
 
@@ -54,6 +66,11 @@ class BenchPrefillConfig:
     threads: int = 1  # 0 = leave torch's default
     flops: bool = True
     seed: int = 0
+    baseline_layers: int | None = None  # None: half the layers
+    int8: bool = True
+    decode_tokens: int = 8
+    memory: bool = True
+    ragged: bool = False
 
     def __post_init__(self):
         for name in ("batch", "width", "layers", "heads", "kv_heads", "ffn", "vocab", "repeats"):
@@ -70,6 +87,11 @@ class BenchPrefillConfig:
             PrefillConfig(method=m)  # names the field if a method is unknown
         for k in self.keeps:
             PrefillConfig(keep=float(k))
+        if self.baseline_layers is not None and not 1 <= self.baseline_layers < self.layers:
+            raise ValueError(f"baseline_layers: in [1, {self.layers - 1}], got "
+                             f"{self.baseline_layers}")
+        if self.decode_tokens < 0:
+            raise ValueError(f"decode_tokens: must be >= 0, got {self.decode_tokens}")
 
 
 def build_model(cfg: BenchPrefillConfig):
@@ -82,6 +104,36 @@ def build_model(cfg: BenchPrefillConfig):
                        num_key_value_heads=cfg.kv_heads, max_position_embeddings=max(cfg.lengths) + 64,
                        attn_implementation="sdpa")
     return LlamaForCausalLM(conf).eval()
+
+
+def baselines(model, cfg: BenchPrefillConfig) -> dict:
+    """Label → the models users try instead: the first N layers, int8."""
+    import copy
+
+    out = {}
+    n = cfg.baseline_layers or max(1, cfg.layers // 2)
+    shallow = copy.deepcopy(model)
+    shallow.model.layers = shallow.model.layers[:n]
+    shallow.config.num_hidden_layers = n
+    out[f"layers={n}"] = shallow
+    if cfg.int8:
+        from ..deploy import quantize_int8
+
+        out["int8"] = quantize_int8(model)
+    return out
+
+
+def prompts(cfg: BenchPrefillConfig, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, L) ids and mask: full rows, or with ``ragged`` rows of lengths spread over
+    [L/2, L], left padded."""
+    g = torch.Generator().manual_seed(cfg.seed + L)
+    ids = torch.randint(1, cfg.vocab, (cfg.batch, L), generator=g)
+    mask = torch.ones_like(ids)
+    if cfg.ragged and cfg.batch > 1:
+        for b, n in enumerate(torch.linspace(L // 2, L, cfg.batch).round().long().tolist()):
+            mask[b, : L - n] = 0
+            ids[b, : L - n] = 0
+    return ids, mask
 
 
 def variants(cfg: BenchPrefillConfig) -> dict[str, dict | None]:
@@ -97,31 +149,86 @@ def variants(cfg: BenchPrefillConfig) -> dict[str, dict | None]:
     return out
 
 
-def bench_length(model, cfg: BenchPrefillConfig, L: int) -> list[dict]:
-    """One row per variant at prompt length L."""
-    ids = torch.randint(0, cfg.vocab, (cfg.batch, L), generator=torch.Generator().manual_seed(cfg.seed + L))
-    mask = torch.ones_like(ids)
-    fns, kept = {}, {}
-    for label, opts in variants(cfg).items():
+def _stock_decode(model, ids, mask, steps: int):
+    """Prefill (untimed) → a callable running ``steps`` greedy decode steps on the HF cache."""
+    with torch.inference_mode():
+        out = model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+    cache, nxt, m = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True), mask
+
+    def run():
+        nonlocal cache, nxt, m
+        with torch.inference_mode():
+            for _ in range(steps):
+                m = torch.cat([m, torch.ones_like(nxt)], 1)
+                o = model(nxt, attention_mask=m, past_key_values=cache, use_cache=True)
+                cache, nxt = o.past_key_values, o.logits[:, -1].argmax(-1, keepdim=True)
+    return run
+
+
+def _pruned_decode(model, ids, mask, opts, steps: int):
+    """Pruned prefill (untimed) → a callable running ``steps`` decode steps on its cache."""
+    from ..prefill import decode
+
+    state = prefill(model, ids, mask, max_new_tokens=steps, **opts)
+    nxt = state.logits.argmax(-1, keepdim=True)
+
+    def run():
+        nonlocal nxt
+        for _ in range(steps):
+            nxt = decode(state, nxt).argmax(-1, keepdim=True)
+    return run
+
+
+def bench_length(model, cfg: BenchPrefillConfig, L: int, others: dict | None = None) -> list[dict]:
+    """One row per variant at prompt length L (``others``: :func:`baselines`' models)."""
+    ids, mask = prompts(cfg, L)
+    models = {"stock": model, **(others or {})}
+    fns, kept, plans = {}, {}, {}
+    for label, m in models.items():
+        def fn(m=m):
+            with torch.inference_mode():
+                return m(ids, attention_mask=mask, use_cache=True, logits_to_keep=1).logits
+        fns[label], plans[label] = fn, (m, None)
+    opts_all = variants(cfg)
+    if "int8" in models and cfg.keeps:
+        low = min(cfg.keeps)
+        opts_all[f"fastv {low:g}+int8"] = {**opts_all[f"fastv {low:g}"], "_model": "int8"} \
+            if f"fastv {low:g}" in opts_all else None
+    for label, opts in opts_all.items():
         if opts is None:
-            def fn():
-                with torch.inference_mode():
-                    return model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1).logits
-        else:
-            def fn(opts=opts):
-                return prefill(model, ids, mask, **opts).logits
-            kept[label] = float(prefill(model, ids, mask, **opts).kept.float().mean())
-        fns[label] = fn
+            continue
+        m = models[opts.get("_model", "stock")]
+        opts = {k: v for k, v in opts.items() if k != "_model"}
+
+        def fn(m=m, opts=opts):
+            return prefill(m, ids, mask, **opts).logits
+        kept[label] = float(prefill(m, ids, mask, **opts).kept[mask.bool()].float().mean())
+        fns[label], plans[label] = fn, (m, opts)
     clock = time.perf_counter if cfg.clock == "wall" else time.process_time
     timings = time_interleaved(fns, repeats=cfg.repeats, warmup=cfg.warmup, clock=clock)
-    flops = {label: count_flops(fn) for label, fn in fns.items()} if cfg.flops else {}
+    flops = ({label: count_flops(fn) for label, fn in fns.items() if "int8" not in label}
+             if cfg.flops else {})
+    dec = {}
+    if cfg.decode_tokens:  # interleaved like the prefill: one round = every variant once
+        per = {label: [] for label in fns}
+        for r in range(cfg.warmup + cfg.repeats):
+            for label, (m, opts) in plans.items():
+                run = (_stock_decode(m, ids, mask, cfg.decode_tokens) if opts is None
+                       else _pruned_decode(m, ids, mask, opts, cfg.decode_tokens))
+                t0 = clock()
+                run()
+                if r >= cfg.warmup:
+                    per[label].append((clock() - t0) / cfg.decode_tokens)
+        dec = {label: sorted(v)[len(v) // 2] * 1e3 for label, v in per.items()}
+    mem = {label: peak_memory(fn) / 2**20 for label, fn in fns.items()} if cfg.memory else {}
     ref = timings["stock"].median_s
     rows = []
     for label, t in timings.items():
         rows.append({"length": L, "variant": label, "kept": kept.get(label, 1.0),
                      "median_ms": t.median_s * 1e3, "mad_ms": t.mad_s * 1e3,
                      "speedup": ref / t.median_s,
-                     "flops_relative": flops[label] / flops["stock"] if flops else None,
+                     "flops_relative": (flops[label] / flops["stock"]) if label in flops else None,
+                     "decode_ms": dec.get(label), "peak_mb": mem.get(label),
                      "times_ms": [x * 1e3 for x in t.times_s]})
     return rows
 
@@ -131,9 +238,10 @@ def run(cfg: BenchPrefillConfig, progress=print) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     model = build_model(cfg)
+    others = baselines(model, cfg)
     rows = []
     for L in cfg.lengths:
-        rows += bench_length(model, cfg, L)
+        rows += bench_length(model, cfg, L, others)
         progress(format_table({"rows": [r for r in rows if r["length"] == L]}, header=L == cfg.lengths[0]))
     return {"command": "bench prefill", "env": {**env_info(), "clock": cfg.clock},
             "config": to_dict(cfg), "rows": rows}
@@ -141,12 +249,14 @@ def run(cfg: BenchPrefillConfig, progress=print) -> dict:
 
 def format_table(summary: dict, header: bool = True) -> str:
     """Plain-text table: one line per (length, variant)."""
-    lines = [(f"{'L':>5} {'variant':<14} {'kept':>5} {'median ms':>10} {'MAD ms':>7} "
-             f"{'× stock':>7} {'FLOPs rel':>9}")] if header else []
+    lines = [(f"{'L':>5} {'variant':<16} {'kept':>5} {'median ms':>10} {'MAD ms':>7} "
+             f"{'× stock':>7} {'FLOPs rel':>9} {'decode ms':>9} {'peak MB':>8}")] if header else []
     for r in summary["rows"]:
         fl = "" if r["flops_relative"] is None else f"{r['flops_relative']:.3f}"
-        lines.append(f"{r['length']:>5} {r['variant']:<14} {r['kept']:>5.2f} {r['median_ms']:>10.1f} "
-                     f"{r['mad_ms']:>7.1f} {r['speedup']:>7.2f} {fl:>9}")
+        dm = "" if r.get("decode_ms") is None else f"{r['decode_ms']:.2f}"
+        pm = "" if r.get("peak_mb") is None else f"{r['peak_mb']:.1f}"
+        lines.append(f"{r['length']:>5} {r['variant']:<16} {r['kept']:>5.2f} {r['median_ms']:>10.1f} "
+                     f"{r['mad_ms']:>7.1f} {r['speedup']:>7.2f} {fl:>9} {dm:>9} {pm:>8}")
     return "\n".join(lines)
 
 

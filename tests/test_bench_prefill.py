@@ -1,0 +1,73 @@
+"""The prefill benchmark's rows: the baselines users try instead (first N layers, int8, FastV on
+int8), decode time through each variant's own cache, peak memory, and ragged left-padded
+batches; bad options name the field."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnprune.bench.prefill import (
+    BenchPrefillConfig,
+    baselines,
+    bench_length,
+    build_model,
+    prompts,
+)
+
+TINY = {"width": 64, "layers": 4, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 100,
+        "repeats": 1, "warmup": 0, "keeps": (0.25,), "methods": ("fastv",), "fastv_layer": 1,
+        "window": 4, "sinks": 1}
+
+
+def test_rows_have_baselines_decode_and_memory():
+    cfg = BenchPrefillConfig(lengths=(48,), decode_tokens=2, **TINY)
+    model = build_model(cfg)
+    others = baselines(model, cfg)
+    assert set(others) == {"layers=2", "int8"}
+    assert len(others["layers=2"].model.layers) == 2 and len(model.model.layers) == 4
+    rows = {r["variant"]: r for r in bench_length(model, cfg, 48, others)}
+    assert set(rows) == {"stock", "layers=2", "int8", "fastv 0.25", "fastv 1", "fastv 0.25+int8"}
+    for r in rows.values():
+        assert r["decode_ms"] > 0 and r["peak_mb"] >= 0 and r["median_ms"] > 0
+    assert rows["layers=2"]["flops_relative"] == pytest.approx(0.5, abs=0.05)
+    assert rows["int8"]["flops_relative"] is None  # quantized kernels are not counted
+    assert rows["fastv 0.25"]["kept"] < 0.5 and rows["stock"]["kept"] == 1.0
+
+
+def test_ragged_prompts_are_left_padded_and_pruning_keeps_real_tokens_only():
+    cfg = BenchPrefillConfig(lengths=(40,), batch=4, ragged=True, decode_tokens=1, memory=False,
+                             flops=False, **TINY)
+    ids, mask = prompts(cfg, 40)
+    assert mask.sum(1).tolist() == [20, 27, 33, 40]
+    assert (mask[:, 1:] >= mask[:, :-1]).all()  # padding first
+    assert (ids[mask == 0] == 0).all()
+    rows = {r["variant"]: r for r in bench_length(build_model(cfg), cfg, 40, {})}
+    # the kept share is over real tokens only: ⌊0.25·n⌋ of each row (sinks and window
+    # included), 29 of 120; over all slots, padding included, it would be 29 / 160
+    assert rows["fastv 0.25"]["kept"] == pytest.approx(29 / 120)
+    full = BenchPrefillConfig(lengths=(40,), batch=4, **TINY)
+    assert bool(prompts(full, 40)[1].all())
+
+
+def test_bad_options_name_the_field():
+    with pytest.raises(ValueError, match="baseline_layers"):
+        BenchPrefillConfig(baseline_layers=8)
+    with pytest.raises(ValueError, match="decode_tokens"):
+        BenchPrefillConfig(decode_tokens=-1)
+
+
+def test_decode_runs_through_the_pruned_cache():
+    """Decode time comes from the variant's own cache: FastV's pruned layers hold fewer keys."""
+    from attnprune.bench.prefill import _pruned_decode, _stock_decode
+    from attnprune.prefill import prefill
+
+    cfg = BenchPrefillConfig(**TINY)
+    model = build_model(cfg)
+    ids = torch.randint(1, 100, (1, 64))
+    mask = torch.ones_like(ids)
+    state = prefill(model, ids, mask, method="fastv", keep=0.25, layer=1, window=4, sinks=1)
+    assert state.cache.get_seq_length(3) < state.cache.get_seq_length(0) == 64
+    _pruned_decode(model, ids, mask, {"method": "fastv", "keep": 0.25, "layer": 1, "window": 4,
+                                      "sinks": 1}, 2)()
+    _stock_decode(model, ids, mask, 2)()
