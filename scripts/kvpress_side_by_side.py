@@ -506,8 +506,9 @@ def pool(runs: list[Path], n_resamples: int = 10_000) -> dict:
 
 
 def format_pooled(summary: dict) -> str:
-    lines = ["| prompt | side | variant | kept (cache) | accuracy | Δ vs unpruned [95 % CI] | TTFT / unpruned "
-             "| decode ms/token |", "|---|---|---|---|---|---|---|---|"]
+    head = ("| prompt | side | variant | kept (cache) | accuracy | Δ vs unpruned [95 % CI] | "
+            "TTFT / unpruned | decode ms/token |")
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
         if "error" in r:
             lines.append(f"| {r['length']} | {r['side']} | {r['variant']} | — | {r['error'][:60]} | — | — | — |")

@@ -132,8 +132,9 @@ def test_models_folder_is_evaluated_per_seed_and_pooled(tmp_path):
 
     from attnprune.results import ResultsDir
 
-    small = dict(width=32, layers=2, heads=2, kv_heads=1, ffn=64, steps=2, batch=2, min_len=16,
-                 max_len=24, device="cpu", train_only=True, check_n=4, threads=0)
+    small = {"width": 32, "layers": 2, "heads": 2, "kv_heads": 1, "ffn": 64, "steps": 2,
+             "batch": 2, "min_len": 16, "max_len": 24, "device": "cpu", "train_only": True,
+             "check_n": 4, "threads": 0}
     for seed in (0, 1):
         cfg = pk.PasskeyConfig(seed=seed, **small)
         pk.run(cfg, ResultsDir.start(tmp_path / "models" / f"seed{seed}", "passkey", True, cfg), progress=None)

@@ -486,8 +486,9 @@ def figure(summary: dict):
 def markdown_table(summary: dict) -> str:
     """The pooled rows (and the TTFT at the TTFT length) as a markdown table."""
     ttft = {t["variant"]: t for t in summary["ttft"]}
-    lines = ["| prompt | variant | accuracy (pooled) | per seed | Δ vs unpruned [95 % CI] | lost / gained | "
-             "lost ≤ (95 %) | McNemar p | TTFT × (per seed) |", "|---|---|---|---|---|---|---|---|---|"]
+    head = ("| prompt | variant | accuracy (pooled) | per seed | Δ vs unpruned [95 % CI] | "
+            "lost / gained | lost ≤ (95 %) | McNemar p | TTFT × (per seed) |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     tl = summary["ttft"][0]["length"] if summary["ttft"] else None
     for r in summary["pooled"]:
         seeds = " / ".join(f"{x:.3f}" for x in r["accuracy_per_seed"])
