@@ -2,6 +2,8 @@
 # One call on a lent GPU machine that does everything a session needs there, in order:
 #   1. `attnprune bench gpu` alone on the GPU (issue 22's targets: bf16, MiniLM and BERT-base
 #      shapes, B 1/32, T 128/512/2048, the Llama-1B-shaped prefill), cut off at BENCH_S (90 s);
+#   1b. (COMPILED=true) the bench again through torch.compile(mode="reduce-overhead"), CUDA
+#      graphs, alone, cut off at COMPILED_S (150 s): B 1/32, T 512/2048, encoders;
 #   2. then, concurrently (the GPU is shared; the timings are over):
 #      - the training phase of configs/pareto_docstring_domain_gpu.yaml (issue 24), one process
 #        per seed (0, 1, 2), each with 4 CPU threads for its int8 scoring;
@@ -32,6 +34,8 @@ PARETO_ARGS=${PARETO_ARGS:-}
 PARETO_CONFIG=${PARETO_CONFIG:-configs/pareto_docstring_domain_gpu.yaml}
 COMPANIONS=${COMPANIONS:-true}  # false: the whole CPU to the main front's int8 scoring
 PASSKEY=${PASSKEY:-true}  # false: no passkey training
+COMPILED=${COMPILED:-true}  # the bench again through torch.compile(mode="reduce-overhead")
+COMPILED_S=${COMPILED_S:-150}
 W=${WORK:-/tmp/gs}
 mkdir -p "$OUT" "$W"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MPLBACKEND=Agg
@@ -68,6 +72,15 @@ echo "== 1. bench gpu, alone ($(left) s left)"
 timeout "$BENCH_S" python3 -m attnprune.bench.gpu --device "$DEVICE" --dtype bf16 \
   --quick "$QUICK" --out "$W/bench" --exact-out > "$W/bench.log" 2>&1
 echo "bench exit $? ($(left) s left)"; tail -40 "$W/bench.log"
+
+if [[ $COMPILED == true ]]; then  # CUDA graphs: the launch-bound shapes' remedy, alone too
+  echo "== 1b. bench gpu, compiled (reduce-overhead), alone ($(left) s left)"
+  timeout "$COMPILED_S" python3 -m attnprune.bench.gpu --device "$DEVICE" --dtype bf16 \
+    --quick "$QUICK" --compile true --compile-mode reduce-overhead --decoders "[]" \
+    --batch-sizes "[1,32]" --lengths "[512,2048]" --out "$W/bench/compiled" --exact-out \
+    > "$W/bench_compiled.log" 2>&1
+  echo "compiled bench exit $? ($(left) s left)"; grep "^|" "$W/bench_compiled.log" | tail -8
+fi
 
 echo "== 2. training, concurrently ($(left) s left)"
 pids=()

@@ -29,3 +29,25 @@ def test_bench_gpu_options_are_checked():
         BenchGPUConfig(models=("gpt-5",))
     with pytest.raises(ValueError, match="keep_ratios"):
         BenchGPUConfig(keep_ratios=(1.5,))
+    with pytest.raises(ValueError, match="compile_mode"):
+        BenchGPUConfig(compile_mode="fast")
+
+
+def test_compiled_bench_uses_the_mode_and_room_for_every_graph(monkeypatch):
+    """``compile_mode`` reaches torch.compile ("reduce-overhead": CUDA graphs), and dynamo's
+    cache has room for every model × shape graph of the one forward (past its default 8 the
+    bench would time eager code and call it compiled)."""
+    import torch
+    import torch._dynamo
+
+    from attnprune.bench import gpu
+
+    seen = {}
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None: seen.setdefault("mode", mode) and fn)
+    monkeypatch.setattr(torch._dynamo.config, "cache_size_limit", 8)
+    fn = object()
+    assert gpu._maybe_compile(fn, BenchGPUConfig()) is fn  # compile off: untouched
+    assert "mode" not in seen
+    gpu._maybe_compile(fn, BenchGPUConfig(compile=True, compile_mode="reduce-overhead"))
+    assert seen["mode"] == "reduce-overhead"
+    assert torch._dynamo.config.cache_size_limit >= 64

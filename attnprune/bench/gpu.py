@@ -18,7 +18,8 @@ synchronises the device around every call):
 Inputs are full-length rows without padding (nothing for pruning to claim from padding), the
 model is loaded in ``dtype`` and patched afterwards, and the pruned forward takes the
 device's path (:func:`attnprune.hosts.hf_encoder.sync_free`: on a GPU, no host reads).
-``compile=true`` times every point through ``torch.compile`` as well (the full model too).
+``compile=true`` times every point through ``torch.compile`` as well (the full model too), in
+``compile_mode`` ("reduce-overhead": CUDA graphs, for launch-bound shapes).
 Prints one markdown table (ms and ratio to full); writes ``summary.json`` and
 ``bench_gpu.png`` (time relative to full vs T). ``--device cpu --quick true`` is the dry run
 of the GPU script (``scripts/gpu_check.sh``) on a machine without a GPU.
@@ -59,6 +60,9 @@ DECODERS = {
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 @dataclass(frozen=True)
 class BenchGPUConfig:
     """Options of ``attnprune bench gpu``."""
@@ -77,6 +81,9 @@ class BenchGPUConfig:
     repeats: int = 20
     warmup: int = 3
     compile: bool = False
+    # torch.compile's mode: "reduce-overhead" records CUDA graphs, so a forward's many small
+    # kernels launch as one replay (what a launch-bound forward needs, measured on an H200)
+    compile_mode: str = "default"
     max_tokens: int = 65536  # skip (B, T) with B·T above this (memory of the scorer's A)
     quick: bool = False  # the dry run: tiny shapes, B ∈ {1, 4}, T ∈ {32, 64}
 
@@ -97,6 +104,9 @@ class BenchGPUConfig:
         for name in ("repeats", "after_layer", "decoder_batch", "max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode: one of {', '.join(COMPILE_MODES)}, got "
+                             f"{self.compile_mode!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device: 'auto', 'cpu' or 'cuda[:i]', got {self.device!r}")
 
@@ -158,7 +168,14 @@ def _int8(model, device: str):
 
 
 def _maybe_compile(fn, cfg: BenchGPUConfig):
-    return torch.compile(fn) if cfg.compile else fn
+    if not cfg.compile:
+        return fn
+    # every model × shape is its own graph of the one BertModel.forward: past dynamo's default
+    # 8 it would fall back to eager and time that instead
+    import torch._dynamo
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    return torch.compile(fn, mode=cfg.compile_mode)
 
 
 def _encoder_rows(cfg: BenchGPUConfig, shape: str, dtype, flush) -> list[dict]:
