@@ -19,7 +19,9 @@ left padded (as a batch of real prompts arrives); otherwise every row fills L. P
 with the same interleaving: ``decode_ms`` the mean time of each of ``decode_tokens`` greedy
 decode steps after the prefill (through the pruned cache for pruned variants), and
 ``peak_mb`` the peak growth of resident memory during one prefill
-(:func:`attnprune.measure.peak_memory`; 0 disables each).
+(:func:`attnprune.measure.peak_memory`, after :func:`attnprune.measure.return_freed_memory`
+so that memory an earlier variant freed does not hide a later one's; ``decode_tokens 0`` /
+``memory false`` disable each).
 
 Timing: :func:`attnprune.measure.time_interleaved` (variants round-robin, warm-up discarded,
 median and MAD of ``repeats`` rounds), ``clock`` "wall" (time to first token) or "cpu" (this
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import parse_command_line, to_dict
-from ..measure import count_flops, env_info, peak_memory, time_interleaved
+from ..measure import count_flops, env_info, peak_memory, return_freed_memory, time_interleaved
 from ..prefill import PrefillConfig, prefill
 from ..results import ResultsDir
 
@@ -237,6 +239,8 @@ def run(cfg: BenchPrefillConfig, progress=print) -> dict:
     """Every length and variant; the summary dict."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if cfg.memory:
+        return_freed_memory()
     model = build_model(cfg)
     others = baselines(model, cfg)
     rows = []
