@@ -20,13 +20,21 @@ TINY = {"width": 64, "layers": 4, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab"
         "window": 4, "sinks": 1}
 
 
-def test_rows_have_baselines_decode_and_memory():
+def test_rows_have_baselines_decode_and_memory(monkeypatch):
+    from attnprune.bench import prefill as bp
+
+    # the fixed mmap threshold would stay for the rest of the test process: off here
+    monkeypatch.setattr(bp, "return_freed_memory", lambda: True)
     cfg = BenchPrefillConfig(lengths=(48,), decode_tokens=2, **TINY)
     model = build_model(cfg)
     others = baselines(model, cfg)
     assert set(others) == {"layers=2", "int8"}
     assert len(others["layers=2"].model.layers) == 2 and len(model.model.layers) == 4
-    rows = {r["variant"]: r for r in bench_length(model, cfg, 48, others)}
+    listed = bench_length(model, cfg, 48, others)
+    assert all(r["peak_mb"] is None for r in listed)  # filled after every timing
+    bp._fill_peaks(listed)
+    assert all("_fns" not in r for r in listed)
+    rows = {r["variant"]: r for r in listed}
     assert set(rows) == {"stock", "layers=2", "int8", "fastv 0.25", "fastv 1", "fastv 0.25+int8"}
     for r in rows.values():
         assert r["decode_ms"] > 0 and r["peak_mb"] >= 0 and r["median_ms"] > 0

@@ -19,9 +19,9 @@ left padded (as a batch of real prompts arrives); otherwise every row fills L. P
 with the same interleaving: ``decode_ms`` the mean time of each of ``decode_tokens`` greedy
 decode steps after the prefill (through the pruned cache for pruned variants), and
 ``peak_mb`` the peak growth of resident memory during one prefill
-(:func:`attnprune.measure.peak_memory`, after :func:`attnprune.measure.return_freed_memory`
-so that memory an earlier variant freed does not hide a later one's; ``decode_tokens 0`` /
-``memory false`` disable each).
+(:func:`attnprune.measure.peak_memory`, after every timing, under
+:func:`attnprune.measure.return_freed_memory` so that memory an earlier variant freed does not
+hide a later one's; ``decode_tokens 0`` / ``memory false`` disable each).
 
 Timing: :func:`attnprune.measure.time_interleaved` (variants round-robin, warm-up discarded,
 median and MAD of ``repeats`` rounds), ``clock`` "wall" (time to first token) or "cpu" (this
@@ -222,7 +222,6 @@ def bench_length(model, cfg: BenchPrefillConfig, L: int, others: dict | None = N
                 if r >= cfg.warmup:
                     per[label].append((clock() - t0) / cfg.decode_tokens)
         dec = {label: sorted(v)[len(v) // 2] * 1e3 for label, v in per.items()}
-    mem = {label: peak_memory(fn) / 2**20 for label, fn in fns.items()} if cfg.memory else {}
     ref = timings["stock"].median_s
     rows = []
     for label, t in timings.items():
@@ -230,23 +229,43 @@ def bench_length(model, cfg: BenchPrefillConfig, L: int, others: dict | None = N
                      "median_ms": t.median_s * 1e3, "mad_ms": t.mad_s * 1e3,
                      "speedup": ref / t.median_s,
                      "flops_relative": (flops[label] / flops["stock"]) if label in flops else None,
-                     "decode_ms": dec.get(label), "peak_mb": mem.get(label),
+                     "decode_ms": dec.get(label), "peak_mb": None,
                      "times_ms": [x * 1e3 for x in t.times_s]})
+    rows[0]["_fns"] = fns  # for peak_mb (filled by run after every timing; dropped there)
     return rows
+
+
+def _fill_peaks(rows: list[dict]) -> None:
+    """``peak_mb`` of every row, one prefill each, after :func:`return_freed_memory`: with a
+    fixed mmap threshold every block goes back to the OS when freed, so each variant's own
+    growth shows; it also makes allocations slower, so it runs after all the timings."""
+    return_freed_memory()
+    for r in rows:
+        fns = r.pop("_fns", None)
+        if fns is None:
+            continue
+        peaks = {label: peak_memory(fn) / 2**20 for label, fn in fns.items()}
+        for q in rows:
+            if q["length"] == r["length"] and q["variant"] in peaks:
+                q["peak_mb"] = peaks[q["variant"]]
 
 
 def run(cfg: BenchPrefillConfig, progress=print) -> dict:
     """Every length and variant; the summary dict."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    if cfg.memory:
-        return_freed_memory()
     model = build_model(cfg)
     others = baselines(model, cfg)
     rows = []
     for L in cfg.lengths:
         rows += bench_length(model, cfg, L, others)
         progress(format_table({"rows": [r for r in rows if r["length"] == L]}, header=L == cfg.lengths[0]))
+    if cfg.memory:  # after every timing: a fixed mmap threshold slows allocation down
+        _fill_peaks(rows)
+        progress("peak MB: " + ", ".join(f"{r['length']} {r['variant']} {r['peak_mb']:.1f}"
+                                         for r in rows))
+    for r in rows:
+        r.pop("_fns", None)
     return {"command": "bench prefill", "env": {**env_info(), "clock": cfg.clock},
             "config": to_dict(cfg), "rows": rows}
 
