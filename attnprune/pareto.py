@@ -307,8 +307,8 @@ def searched(results: ResultsDir, cfg: ParetoConfig, point: dict, full_model=Non
         batches = list(_loader(data.val, tok, cfg.eval_batch_size, cfg.max_length, order=rows))
         device = "cuda" if torch.cuda.is_available() else "cpu"  # as the training runs
         batches = [{k: v.to(device) for k, v in b.items() if k != "labels"} for b in batches]
-        res = search_schedule(copy.deepcopy(full_model).to(device), batches, point["flops_budget"], method=point["method"],
-                              options=point["options"],
+        res = search_schedule(full_model, batches, point["flops_budget"],
+                              method=point["method"], options=point["options"],
                               progress=print if cfg.progress else None)
         res["searched_on"] = {"examples": int(rows.size), "split": "val"}
         found[point["label"]] = res

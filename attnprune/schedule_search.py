@@ -48,7 +48,7 @@ def search_schedule(model: nn.Module, batches: Sequence[dict], flops_budget: flo
                     method: str = "attention_mass", options: dict | None = None,
                     levels: Sequence[float] = LEVELS, progress=None) -> dict:
     """Greedy per-layer keep ratios of ``method`` on ``model`` (a fine-tuned encoder classifier,
-    not patched; left unchanged) with at most ``flops_budget`` × the full model's FLOPs on
+    not patched; left unchanged: the search runs on a copy on the batches' device) with at most ``flops_budget`` × the full model's FLOPs on
     ``batches`` (dicts of input_ids / attention_mask / token_type_ids). Returns {"schedule"
     (the cumulative ratios after layers 1 … n−1), "flops" (relative), "kl", "history" (one
     dict per step: schedule, flops, kl, and the layer lowered)}. ``progress`` (a callable)
@@ -65,15 +65,17 @@ def search_schedule(model: nn.Module, batches: Sequence[dict], flops_budget: flo
     n = _n_layers(model)
     keys = ("input_ids", "attention_mask", "token_type_ids")
     inputs = [{k: v for k, v in b.items() if k in keys} for b in batches]
-    work = copy.deepcopy(model).eval()
+    # a copy on the batches' device: the model given stays where it is, unpatched
+    work = copy.deepcopy(model).to(inputs[0]["input_ids"].device).eval()
 
     def run(schedule):
         if schedule is not None:
             api.patch(work, method, schedule=list(schedule), **(options or {}))
+        logits, flops = [], 0
         try:
-            with torch.no_grad():
-                logits = [work(**x).logits.float() for x in inputs]
-                flops = sum(count_flops(lambda x=x: work(**x)) for x in inputs)
+            with torch.no_grad():  # one forward per batch: counted, and its logits kept
+                for x in inputs:
+                    flops += count_flops(lambda x=x: logits.append(work(**x).logits.float()))
         finally:
             if schedule is not None:
                 api.unpatch(work)
