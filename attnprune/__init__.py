@@ -13,11 +13,17 @@
 Importing the package has no side effects: no threads set, no files written, no network.
 """
 
-from . import sparse_ffn
-from .api import UntrainedMethodWarning, aux_loss, list_methods, patch, patch_state, unpatch
-from .deploy import quantize_int8
-from .hub import from_pretrained, save_pretrained
+import os as _os
+
+from attnprune.api import (UntrainedMethodWarning, aux_loss, list_methods, patch, patch_state,
+                           unpatch)
+from attnprune.deploy import quantize_int8, sparse_ffn
+from attnprune.deploy.hub import from_pretrained, save_pretrained
+
+# Modules that moved in 0.2 keep their old import paths until 0.3, with a DeprecationWarning
+# (attnprune/_deprecated/: one small file per old path, imported only when that path is)
+__path__.append(_os.path.join(_os.path.dirname(__file__), "_deprecated"))
 
 __version__ = "0.1.0"
-__all__ = ["UntrainedMethodWarning", "__version__", "aux_loss", "from_pretrained", "list_methods", "patch", "patch_state",
-           "quantize_int8", "save_pretrained", "sparse_ffn", "unpatch"]
+__all__ = ["UntrainedMethodWarning", "__version__", "aux_loss", "from_pretrained", "list_methods",
+           "patch", "patch_state", "quantize_int8", "save_pretrained", "sparse_ffn", "unpatch"]

@@ -1,5 +1,5 @@
 """The public API (contract): ``patch`` (``stack=True`` to combine), ``unpatch``, ``aux_loss``,
-``list_methods``; saving and loading are in :mod:`attnprune.hub`."""
+``list_methods``; saving and loading are in :mod:`attnprune.deploy.hub`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from functools import partial
 import torch
 from torch import nn
 
-from . import registry
-from .hosts import PatchState, find_host
-from .stack import PatchStack, check_stackable
+from attnprune.hosts import PatchState, find_host
+from attnprune.hosts.stack import PatchStack, check_stackable
+from attnprune.methods import registry
 
 _ATTR = "_attnprune"
 
@@ -25,7 +25,7 @@ def patch(model: nn.Module, method: str, *, stack: bool = False, **options) -> n
     state (``state.options``) so that :func:`attnprune.save_pretrained` can record them. A model
     already patched is unpatched first, unless ``stack=True``: then ``method`` joins the
     existing patch (one token method plus one attention or loss method, kinds must differ;
-    :mod:`attnprune.stack`), and :func:`patch_state` returns the :class:`~attnprune.stack.PatchStack`.
+    :mod:`attnprune.hosts.stack`), and :func:`patch_state` returns the :class:`~attnprune.hosts.stack.PatchStack`.
     Bad options raise ValueError naming the field, before the model is touched.
     """
     if not isinstance(model, nn.Module):
@@ -50,7 +50,7 @@ def patch(model: nn.Module, method: str, *, stack: bool = False, **options) -> n
     _watch_untrained(model, state)
     if below:
         for s in [*below, state]:
-            if hasattr(s, "derive_token_mask"):  # the attention host (see attnprune.stack)
+            if hasattr(s, "derive_token_mask"):  # the attention host (see attnprune.hosts.stack)
                 s.derive_token_mask = True
         state = PatchStack([*below, state])
     object.__setattr__(model, _ATTR, state)
@@ -120,7 +120,7 @@ def unpatch(model: nn.Module) -> nn.Module:
 
 def patch_state(model: nn.Module) -> PatchState | None:
     """The :class:`PatchState` of a patched model, or None; for a stacked model the
-    :class:`~attnprune.stack.PatchStack` (its ``states`` in order, ``state(kind)`` for one)."""
+    :class:`~attnprune.hosts.stack.PatchStack` (its ``states`` in order, ``state(kind)`` for one)."""
     return getattr(model, _ATTR, None)
 
 

@@ -12,22 +12,22 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .config import ConfigError, print_help
+from attnprune.runs.config import ConfigError, print_help
 
 # command words → "module:function" taking the remaining argv
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
-    ("reproduce", "synthetic"): ("attnprune.synthetic.cli:main",
+    ("reproduce", "synthetic"): ("attnprune.research.synthetic.cli:main",
                                  "the entropy-pruning paper's synthetic track, trained for real"),
-    ("reproduce", "attention"): ("attnprune.experiments.attention_sweeps:main",
+    ("reproduce", "attention"): ("attnprune.research.experiments.attention_sweeps:main",
                                  "crisp sparsity and compute-cost λ sweeps vs dense (MiniLM, tweets)"),
-    ("reproduce", "budget"): ("attnprune.experiments.token_budget:main",
+    ("reproduce", "budget"): ("attnprune.research.experiments.token_budget:main",
                               "the cost paper's Tables 1-2: accuracy, FLOPs, Gini, entropy vs k"),
-    ("reproduce", "intensity"): ("attnprune.experiments.intensity_runs:main",
+    ("reproduce", "intensity"): ("attnprune.research.experiments.intensity_runs:main",
                                  "the intensity paper's Runs 0–4 on shakespeare_char, seeds, Holm"),
-    ("finetune",): ("attnprune.finetune:main", "fine-tune and evaluate an HF encoder with a method"),
-    ("pareto",): ("attnprune.pareto:main",
+    ("finetune",): ("attnprune.research.finetune:main", "fine-tune and evaluate an HF encoder with a method"),
+    ("pareto",): ("attnprune.research.pareto:main",
                   "accuracy–latency front: full, layer-drop, int8, token pruning, composed"),
-    ("lm",): ("attnprune.lm:main", "train / evaluate a causal LM (GPT-2 family) with a method"),
+    ("lm",): ("attnprune.research.lm:main", "train / evaluate a causal LM (GPT-2 family) with a method"),
     ("bench", "encoder"): ("attnprune.bench.encoder:main", "speed and FLOPs of token pruning on an encoder"),
     ("bench", "attention"): ("attnprune.bench.attention:main", "speed of attention-level methods"),
     ("bench", "lm"): ("attnprune.bench.lm:main", "speed and FLOPs of causal-LM token pruning"),
@@ -37,10 +37,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
                        "full vs pruned vs shallower vs int8 on a GPU in bf16 (or --device cpu)"),
     ("bench", "flex"): ("attnprune.bench.flex:main",
                         "crisp through a block-sparse kernel (FlexAttention) vs dense SDPA"),
-    ("bench", "sparse-ffn"): ("attnprune.sparse_ffn:main",
+    ("bench", "sparse-ffn"): ("attnprune.bench.sparse_ffn:main",
                               "break-even of the sparse FFN second projection (sparsity → time, FLOPs)"),
-    ("report",): ("attnprune.report:main", "(re)build the HTML report of a results folder"),
-    ("compare",): ("attnprune.compare:main", "paired comparison table from saved predictions"),
+    ("report",): ("attnprune.runs.report:main", "(re)build the HTML report of a results folder"),
+    ("compare",): ("attnprune.runs.compare:main", "paired comparison table from saved predictions"),
     ("methods",): ("attnprune.cli:methods_main", "list the registered methods"),
 }
 
@@ -66,8 +66,7 @@ def config_class(module) -> type | None:
 
 def methods_main(argv: list[str]) -> int:
     """``attnprune methods``: one line per registered method."""
-    from . import registry
-
+    from attnprune.methods import registry
     for name in registry.list_methods():
         spec = registry.get(name)
         print(f"{name:<20} {spec.kind:<10} {spec.summary}")

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from .selection import topk_keep
+from attnprune.selection import topk_keep
 
 __all__ = ["Generation", "PrefillConfig", "Prefilled", "decode", "generate", "kept_index",
            "prefill", "select_kept", "window_scores"]
@@ -185,7 +185,7 @@ def prefill(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None =
     ``options`` are :class:`PrefillConfig`'s fields (or give ``config``); ``max_new_tokens``
     only checks that the generation will fit a sliding window.
     """
-    from .hosts.hf_prefill import decoder_for
+    from attnprune.hosts.hf_prefill import decoder_for
 
     cfg = config if config is not None else PrefillConfig(**options)
     dec = decoder_for(model)

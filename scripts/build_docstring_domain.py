@@ -1,4 +1,4 @@
-"""Build the ``docstring_domain`` long-text benchmark (``attnprune.data.docstring_domain``).
+"""Build the ``docstring_domain`` long-text benchmark (``attnprune.research.data.docstring_domain``).
 
     python scripts/build_docstring_domain.py --download      # fetch the pinned wheels (PyPI)
     python scripts/build_docstring_domain.py                 # build offline from them
@@ -20,7 +20,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from attnprune.data import docstring_domain as dd
+from attnprune.research.data import docstring_domain as dd
 
 
 def download(folder: Path) -> None:

@@ -314,18 +314,18 @@ def check_links(root: Path, files: list[Path]) -> tuple[list[Problem], list[str]
 # command words → the config dataclass its parser fills (``parse_command_line`` / ``load_config``
 # rejects any other key), plus the options the command reads itself.
 CONFIGS: dict[tuple[str, ...], tuple[str, set[str]]] = {
-    ("reproduce", "synthetic"): ("attnprune.synthetic.run:SyntheticConfig", {"quick"}),
-    ("reproduce", "attention"): ("attnprune.experiments.attention_sweeps:SweepConfig", set()),
-    ("reproduce", "budget"): ("attnprune.experiments.token_budget:BudgetConfig", set()),
-    ("reproduce", "intensity"): ("attnprune.experiments.intensity_runs:IntensityRunsConfig", set()),
-    ("finetune",): ("attnprune.finetune:FinetuneConfig", set()),
-    ("pareto",): ("attnprune.pareto:ParetoConfig", set()),
-    ("lm",): ("attnprune.lm:LMConfig", set()),
+    ("reproduce", "synthetic"): ("attnprune.research.synthetic.run:SyntheticConfig", {"quick"}),
+    ("reproduce", "attention"): ("attnprune.research.experiments.attention_sweeps:SweepConfig", set()),
+    ("reproduce", "budget"): ("attnprune.research.experiments.token_budget:BudgetConfig", set()),
+    ("reproduce", "intensity"): ("attnprune.research.experiments.intensity_runs:IntensityRunsConfig", set()),
+    ("finetune",): ("attnprune.research.finetune:FinetuneConfig", set()),
+    ("pareto",): ("attnprune.research.pareto:ParetoConfig", set()),
+    ("lm",): ("attnprune.research.lm:LMConfig", set()),
     ("bench", "encoder"): ("attnprune.bench.encoder:BenchEncoderConfig", set()),
     ("bench", "attention"): ("attnprune.bench.attention:BenchAttentionConfig", set()),
     ("bench", "lm"): ("attnprune.bench.lm:BenchLMConfig", set()),
     ("bench", "flex"): ("attnprune.bench.flex:BenchFlexConfig", set()),
-    ("bench", "sparse-ffn"): ("attnprune.sparse_ffn:BenchConfig", set()),
+    ("bench", "sparse-ffn"): ("attnprune.deploy.sparse_ffn:BenchConfig", set()),
 }
 COMMON = {"config", "out", "exact_out", "help"}  # read by parse_command_line itself
 POSITIONAL_ONLY = {("report",), ("methods",)}
@@ -546,7 +546,7 @@ def _pairs(rest: list[str]) -> list[tuple[str, str | bool]]:
 
 def _check_options(root: Path, words: tuple[str, ...], rest: list[str], parsers: dict,
                    spec: tuple[str, set[str]] | None = None) -> list[str]:
-    from attnprune.config import ConfigError, load_config, read_yaml
+    from attnprune.runs.config import ConfigError, load_config, read_yaml
 
     name = ("python " if words[0] == "-m" else "attnprune ") + " ".join(words)
     pairs = _pairs(rest)
@@ -571,7 +571,7 @@ def _check_options(root: Path, words: tuple[str, ...], rest: list[str], parsers:
         return errors
     values: dict = {}
     if words == ("lm",):
-        from attnprune.lm import PRESETS
+        from attnprune.research.lm import PRESETS
 
         preset = next((v for k, v in pairs if k == "preset"), "cpu-small")
         values.update(PRESETS.get(preset, {}) if isinstance(preset, str) else {})
@@ -580,7 +580,7 @@ def _check_options(root: Path, words: tuple[str, ...], rest: list[str], parsers:
         if not (root / cfg_file).is_file():
             return [f"{name}: --config {cfg_file} does not exist"]
         values.update(read_yaml(root / cfg_file))
-    from attnprune.config import _coerce
+    from attnprune.runs.config import _coerce
 
     alternatives, errors = [], []
     for k, v in pairs:

@@ -3,7 +3,7 @@
     python scripts/compare_runs.py DIR_A DIR_B
 
 For every method in both ``summary.json`` files, the per-seed accuracy and AUC of A minus B,
-as mean and 95 % t-interval over the seeds the two runs share (``attnprune.stats``). The
+as mean and 95 % t-interval over the seeds the two runs share (``attnprune.runs.stats``). The
 difference is over training runs, so it measures how much the change moved the results
 beyond seed-to-seed variation.
 """
@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from attnprune import stats
+from attnprune.runs import stats
 
 
 def main(argv: list[str]) -> int:

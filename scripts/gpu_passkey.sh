@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train the passkey model of issue 25 (attnprune/experiments/passkey.py) at prompts up to 2,048
+# Train the passkey model of issue 25 (attnprune/research/experiments/passkey.py) at prompts up to 2,048
 # tokens: seeds 0 1 2 as 3 concurrent processes on one GPU, each saving into OUTDIR/seed<N>/
 # model.safetensors, config.json, config.yaml, train.json (loss log, steps done, quick unpruned
 # accuracy at 512 / 1,024 / 2,048 tokens on the GPU) and log.txt; then one summary line per seed.
@@ -34,7 +34,7 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null | 
 start=$(date +%s)
 for seed in 0 1 2; do
   mkdir -p "$OUT/seed$seed"
-  timeout -k 5 "$KILL_S" python -u -m attnprune.experiments.passkey \
+  timeout -k 5 "$KILL_S" python -u -m attnprune.research.experiments.passkey \
     --train-only true --device "$DEVICE" --threads 4 --seed "$seed" \
     --digits 2 --vocab 64 --width 128 --layers 6 --heads 4 --kv-heads 2 --ffn 384 \
     --min-len 32 --max-len "$MAX_LEN" --steps "$STEPS" --batch 16 --batch-tokens "$BATCH_TOKENS" \

@@ -9,7 +9,7 @@ processes, on the same saved prompts and the same saved weights, and their JSON 
 runs, in order (each step can also be run alone, with the same ``--out``):
 
     prepare   the passkey model (loaded from ``--cache``/model.safetensors, else trained with
-              attnprune.experiments.passkey's default recipe and saved there) and the prompts
+              attnprune.research.experiments.passkey's default recipe and saved there) and the prompts
               (the same prompts as ``passkey.evaluate``'s seed 1): DIR/model.safetensors, DIR/prompts.pt
     ours      (this python) unpruned (the stock HF model), FastV and GemFilter at each keep → DIR/ours.json
     kvpress   (``--kvpress-python``) unpruned and each press at compression 1 − keep → DIR/kvpress.json
@@ -85,7 +85,7 @@ def _versions() -> dict:
 def model_config(model_dir: Path | None):
     """The PasskeyConfig of a ``passkey --train-only`` folder (config.json, else config.yaml);
     the default config without one."""
-    from attnprune.experiments import passkey as pk
+    from attnprune.research.experiments import passkey as pk
 
     if model_dir is None:
         return pk.PasskeyConfig()
@@ -99,7 +99,7 @@ def model_config(model_dir: Path | None):
 
 
 def _config_from(raw: dict):
-    from attnprune.experiments import passkey as pk
+    from attnprune.research.experiments import passkey as pk
 
     fields = pk.PasskeyConfig.__dataclass_fields__
     return pk.PasskeyConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in fields})
@@ -109,7 +109,7 @@ def prepare(out: Path, cache: Path, lengths: list[int], n: int, model_dir: Path 
     import torch
     from safetensors.torch import load_file, save_file
 
-    from attnprune.experiments import passkey as pk
+    from attnprune.research.experiments import passkey as pk
 
     torch.set_num_threads(1)
     cfg = model_config(model_dir)
@@ -147,7 +147,7 @@ def _load(out: Path):
     import torch
     from safetensors.torch import load_file
 
-    from attnprune.experiments import passkey as pk
+    from attnprune.research.experiments import passkey as pk
 
     torch.set_num_threads(1)
     prep = out / "prepare.json"
@@ -364,7 +364,7 @@ def merge(sides: list[dict]) -> dict:
     McNemar test against the unpruned model on the same prompts (ours: our side's; kvpress: the
     kvpress side's, which must give the same answers), TTFT (CPU and wall medians) and its
     ratio to the same side's unpruned, decode ms/token (medians) and the cache kept."""
-    from attnprune.stats import mcnemar, wilson_ci
+    from attnprune.runs.stats import mcnemar, wilson_ci
 
     rows = []
     for side in sides:

@@ -26,7 +26,7 @@ import numpy as np
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from attnprune.results import ResultsDir
+from attnprune.runs.results import ResultsDir
 
 KEYS = (("flops_relative", "measured FLOPs"), ("flops_effective_relative", "effective FLOPs"),
         ("time_relative", "wall time"), ("ppl_change", "perplexity change (%)"),

@@ -26,9 +26,9 @@ from scipy import stats
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from attnprune import quantize_int8
 from attnprune.bench.lm import load_run
-from attnprune.data.lm_text import eval_windows
-from attnprune.lm import evaluate
 from attnprune.measure import count_flops
+from attnprune.research.data.lm_text import eval_windows
+from attnprune.research.lm import evaluate
 
 
 def _ppl(run: Path) -> float:

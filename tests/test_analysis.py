@@ -1,4 +1,4 @@
-"""Attention / FFN statistics and figures of ``attnprune.analysis``."""
+"""Attention / FFN statistics and figures of ``attnprune.research.analysis``."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import torch
 from test_attention_methods import batch, sharpen, tiny  # tests/ is on sys.path
 
 import attnprune
-from attnprune.analysis import (
+from attnprune.hosts.hf_attention import ffn_modules
+from attnprune.research.analysis import (
     attention_statistics,
     plot_accuracy_vs,
     plot_entropy_heatmap,
     row_gini,
 )
-from attnprune.hosts.hf_attention import ffn_modules
 
 
 def test_row_gini_matches_pairwise_definition():

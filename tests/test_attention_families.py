@@ -141,7 +141,7 @@ def test_method_acts_when_on(arch, method):
     out = outputs(model, ids, mask)
     state = attnprune.patch_state(model)
     depth = state.n_layers
-    if attnprune.registry.get(method).kind == "loss":
+    if attnprune.methods.registry.get(method).kind == "loss":
         # a loss method leaves outputs stock and adds one attention and one FFN term per layer
         assert (out - ref).abs().max().item() <= PARITY
         assert len(state.aux_losses) == 2 * depth

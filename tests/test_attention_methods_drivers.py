@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from attnprune.bench.attention import BenchAttentionConfig, format_table, run
-from attnprune.config import ConfigError, parse_command_line
-from attnprune.experiments.attention_sweeps import (
+from attnprune.research.experiments.attention_sweeps import (
     DENSE,
     SweepConfig,
     settings,
     sparse_proxy_relative,
 )
+from attnprune.runs.config import ConfigError, parse_command_line
 
 
 def test_bench_attention_runs_and_reports_every_variant():
@@ -57,7 +57,7 @@ def test_sparse_proxy_bounds():
 
 
 def test_table3_from_sparse_ffn_records():
-    from attnprune.experiments.attention_sweeps import (
+    from attnprune.research.experiments.attention_sweeps import (
         format_table3,
         sparse_label,
         sparse_summary,
@@ -132,14 +132,14 @@ def _tiny_loader(n: int = 12, seed: int = 0):
 def test_compact_runs_measure_and_summarise(tmp_path):
     from transformers import BertConfig, BertForSequenceClassification
 
-    from attnprune.experiments.attention_sweeps import (
+    from attnprune.measure import count_flops
+    from attnprune.research.experiments.attention_sweeps import (
         compact_label,
         compact_runs,
         compact_summary,
         format_compact_table,
     )
-    from attnprune.measure import count_flops
-    from attnprune.results import ResultsDir
+    from attnprune.runs.results import ResultsDir
 
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(
@@ -190,8 +190,8 @@ def test_sweep_rejects_bad_prune_and_speed_options(key, value):
 
 
 def test_group_by_length_loader_pads_less_and_covers_every_row():
-    from attnprune.data.text import Split
-    from attnprune.finetune import _loader
+    from attnprune.research.data.text import Split
+    from attnprune.research.finetune import _loader
 
     class Tok:  # whitespace "tokenizer": one id per word, padded to the batch's longest
         def __call__(self, texts, pairs, padding, truncation, max_length, return_tensors):
@@ -228,15 +228,15 @@ def _tiny_bert():
 
 def test_prune_after_runs_stack_on_crisp_and_summarise(tmp_path):
     import attnprune
-    from attnprune.compare import load_predictions
-    from attnprune.experiments.attention_sweeps import (
+    from attnprune.measure import count_flops
+    from attnprune.research.experiments.attention_sweeps import (
         format_prune_table,
         prune_after_runs,
         prune_label,
         prune_summary,
     )
-    from attnprune.measure import count_flops
-    from attnprune.results import ResultsDir
+    from attnprune.runs.compare import load_predictions
+    from attnprune.runs.results import ResultsDir
 
     cfg = SweepConfig(sparsities=(0.0, 0.8), schedules=("uniform",), seeds=(0, 1),
                       prune_after=(0.5,), prune_after_layer=1, progress=False)
@@ -278,8 +278,11 @@ def test_prune_after_runs_stack_on_crisp_and_summarise(tmp_path):
 
 
 def test_pooled_comparisons_pair_rows_within_seeds_and_keep_two_families(tmp_path):
-    from attnprune.compare import load_predictions
-    from attnprune.experiments.attention_sweeps import format_pooled_table, pooled_comparisons
+    from attnprune.research.experiments.attention_sweeps import (
+        format_pooled_table,
+        pooled_comparisons,
+    )
+    from attnprune.runs.compare import load_predictions
 
     cfg = SweepConfig(sparsities=(0.0, 0.8), schedules=("uniform",), seeds=(0, 1, 2),
                       prune_after=(0.5,))
@@ -310,7 +313,7 @@ def test_pooled_comparisons_pair_rows_within_seeds_and_keep_two_families(tmp_pat
 
 
 def test_multi_seed_table_lists_every_seed_and_needs_all_for_a_claim():
-    from attnprune.experiments.attention_sweeps import format_table
+    from attnprune.research.experiments.attention_sweeps import format_table
 
     cfg = SweepConfig(sparsities=(0.0, 0.8), schedules=("uniform",), seeds=(0, 1, 2))
     acc = {"mean": 0.8, "ci95": [0.79, 0.81]}
@@ -330,8 +333,8 @@ def test_multi_seed_table_lists_every_seed_and_needs_all_for_a_claim():
 
 
 def test_tabulate_only_trains_nothing(tmp_path, capsys):
-    from attnprune.experiments.attention_sweeps import run
-    from attnprune.results import ResultsDir
+    from attnprune.research.experiments.attention_sweeps import run
+    from attnprune.runs.results import ResultsDir
 
     (tmp_path / "predictions").mkdir()
     cfg = SweepConfig(sparsities=(0.0, 0.8), schedules=("uniform",), seeds=(0,),

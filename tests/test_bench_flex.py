@@ -13,7 +13,7 @@ from attnprune.bench.flex import (
     random_tiles,
     tile_density,
 )
-from attnprune.config import ConfigError, parse_command_line
+from attnprune.runs.config import ConfigError, parse_command_line
 
 
 @pytest.mark.parametrize("key,value", [("lengths", "[1000]"), ("block", "0"),

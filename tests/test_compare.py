@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from attnprune import stats
-from attnprune.compare import compare_dirs, load_predictions, main
+from attnprune.runs import stats
+from attnprune.runs.compare import compare_dirs, load_predictions, main
 
 SEEDS = (42, 43)
 

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from attnprune.config import (
+from attnprune.runs.config import (
     ConfigError,
     dump_yaml,
     load_config,

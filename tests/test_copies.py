@@ -27,7 +27,7 @@ from transformers import (
 )
 
 import attnprune
-from attnprune.hosts.tiny import TinyConfig, TinyEncoder
+from attnprune.research.synthetic.host import TinyConfig, TinyEncoder
 
 KW = {"hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
       "intermediate_size": 64, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}

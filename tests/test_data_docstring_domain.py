@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from attnprune.data import docstring_domain as dd
+from attnprune.research.data import docstring_domain as dd
 
 
 def make_wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> str:
@@ -125,7 +125,7 @@ def test_pinned_sha256_and_missing_wheels_are_errors(wheels):
 
 
 def test_loader_reads_the_fixed_splits(wheels):
-    from attnprune.data.long_text import load_long_text
+    from attnprune.research.data.long_text import load_long_text
 
     folder, table = wheels
     rows = build(folder, table)

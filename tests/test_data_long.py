@@ -12,8 +12,8 @@ import pytest
 import torch
 from conftest import require_shared_file  # tests/ is on sys.path
 
-from attnprune.data import long_text as lt
-from attnprune.data.text import load_text_data, shared_data_dir
+from attnprune.research.data import long_text as lt
+from attnprune.research.data.text import load_text_data, shared_data_dir
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import require_shared_file  # tests/ is on sys.path
 
-from attnprune.data.text import DataError, load_text_data, load_text_files, shared_data_dir
+from attnprune.research.data.text import DataError, load_text_data, load_text_files, shared_data_dir
 
 
 def write_csv(path, n=60, classes=("neg", "neu", "pos"), text_col="text", label_col="label"):
@@ -181,7 +181,7 @@ def test_glue_offline_is_one_line(monkeypatch):
 def test_docstring_domain_is_a_data_name():
     """``data: docstring_domain`` reaches its loader (a corpus that is not built says how to
     build it, naming the script), not "unknown dataset"."""
-    from attnprune.data.text import load_text_data
+    from attnprune.research.data.text import load_text_data
 
     with pytest.raises(FileNotFoundError, match="build_docstring_domain"):
         load_text_data("docstring_domain:/nonexistent/docstring_domain")

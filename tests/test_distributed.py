@@ -14,9 +14,9 @@ import pytest
 import torch
 from test_finetune import one_thread, tiny  # noqa: F401 (fixtures: a 3-layer BERT, a 3-class CSV)
 
-from attnprune import distributed
-from attnprune.finetune import FinetuneConfig, main
-from attnprune.results import ResultsDir
+from attnprune.research.finetune import FinetuneConfig, main
+from attnprune.runs import distributed
+from attnprune.runs.results import ResultsDir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def torchrun(*args, timeout=600):  # a safety net against a hang; ~20 s unloaded
 def test_torchrun_finetune_one_folder_every_row_once(tiny, no_dropout, tmp_path, one_thread):  # noqa: F811
     from safetensors.torch import load_file
 
-    from attnprune.data.text import load_text_data
+    from attnprune.research.data.text import load_text_data
 
     out = tmp_path / "ddp"
     p = torchrun("finetune", *common(tiny, no_dropout, 8), "--out", str(out))
@@ -149,8 +149,8 @@ def test_non_writer_writes_nothing(tmp_path):
 
 def test_pareto_refuses_several_processes(tmp_path, monkeypatch):
     """pareto is a one-process command: under a launcher it stops before writing anything."""
-    from attnprune.config import ConfigError
-    from attnprune.pareto import main as pareto_main
+    from attnprune.research.pareto import main as pareto_main
+    from attnprune.runs.config import ConfigError
 
     monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun sets; no process group is needed
     with pytest.raises(ConfigError, match="one process"):
@@ -166,7 +166,7 @@ def test_aux_loss_reaches_the_loss_through_ddp():
     from transformers import BertConfig, BertForSequenceClassification
 
     from attnprune import api
-    from attnprune.train import _loss
+    from attnprune.train.loop import _loss
 
     model = BertForSequenceClassification(BertConfig(
         vocab_size=30, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,

@@ -16,7 +16,7 @@ from test_attention_families import ARCHS, DECODERS, ON, batch, build  # tests/ 
 from test_encoder_families import Fixed
 
 import attnprune
-from attnprune import registry
+from attnprune.methods import registry
 
 DTYPES = [torch.bfloat16, torch.float16]
 ENCODERS = [a for a in ARCHS if a not in DECODERS]

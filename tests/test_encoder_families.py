@@ -284,7 +284,7 @@ def _trained_by_loss(method: str) -> list[str]:
     policies (also Hybrid's, frozen in its stage 2) learn by REINFORCE from per-sequence LM
     losses, which only the causal host computes (``hf_causal``); on an encoder they get no
     gradient, by construction."""
-    mod = attnprune.registry.create(method, context={"d_model": 32, "n_layers": 2,
+    mod = attnprune.methods.registry.create(method, context={"d_model": 32, "n_layers": 2,
                                                      "n_heads": 4, "n_classes": 2})
     return [n for n, _ in mod.named_parameters() if "policies" not in n]
 

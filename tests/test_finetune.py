@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnprune.config import ConfigError, parse_command_line
-from attnprune.finetune import FinetuneConfig, main
+from attnprune.research.finetune import FinetuneConfig, main
+from attnprune.runs.config import ConfigError, parse_command_line
 
 WORDS = {0: ["awful", "bad", "sad"], 1: ["table", "chair", "door"], 2: ["great", "happy", "good"]}
 

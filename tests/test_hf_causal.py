@@ -7,8 +7,8 @@ import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel
 
 import attnprune
-from attnprune.lm import generate
 from attnprune.measure import count_flops
+from attnprune.research.lm import generate
 
 METHODS = ["ltp", "dtr", "hybrid"]
 

@@ -185,8 +185,7 @@ def test_scorer_attention_equals_eager_attention():
 @pytest.mark.parametrize("method", ["attention_mass", "ltp"])
 def test_received_rows_give_the_same_scores_as_full_attention(method):
     """Scoring from the host's reduced (B, H, 1, L) rows = scoring from the full matrix."""
-    from attnprune import registry
-
+    from attnprune.methods import registry
     torch.manual_seed(0)
     mod = registry.create(method, context={"n_layers": 4})
     am = torch.tensor([[1] * 6, [1] * 4 + [0] * 2]).bool()

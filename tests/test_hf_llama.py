@@ -18,7 +18,7 @@ from test_hf_causal import (  # tests/ is on sys.path
 
 import attnprune
 from attnprune.hosts.hf_llama import FAMILIES
-from attnprune.lm import generate
+from attnprune.research.lm import generate
 
 V = 40
 # model_type → (config class, LM class, extra config fields). Gemma and Qwen3 set head_dim
@@ -206,8 +206,8 @@ def test_non_causal_methods_and_bad_layers_are_refused():
 
 # ----------------------------------------------------------------------------- lm --arch llama
 def test_lm_arch_option_is_checked():
-    from attnprune.config import ConfigError, load_config
-    from attnprune.lm import LMConfig
+    from attnprune.research.lm import LMConfig
+    from attnprune.runs.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="arch"):
         load_config(LMConfig, None, {"arch": "bert"})
@@ -218,7 +218,7 @@ def test_lm_arch_option_is_checked():
 
 
 def test_lm_builds_a_llama_of_the_preset_size():
-    from attnprune.lm import LMConfig, build_model, context_window
+    from attnprune.research.lm import LMConfig, build_model, context_window
 
     model = build_model(LMConfig(arch="llama"), vocab_size=65)
     c = model.config
@@ -231,7 +231,7 @@ def test_lm_builds_a_llama_of_the_preset_size():
 def test_lm_llama_run_with_ltp(tmp_path):
     import json
 
-    from attnprune.lm import main
+    from attnprune.research.lm import main
 
     corpus = tmp_path / "tiny.txt"
     corpus.write_text("To be, or not to be, that is the question:\n" * 60)

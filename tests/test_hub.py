@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import attnprune
-from attnprune import hub
+from attnprune.deploy import hub
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN_OPTIONS = {"bert": {"keep_ratio": 0.5, "after_layer": 1}, "gpt2": {"keep_ratio": 0.5}}
@@ -61,7 +61,7 @@ def inputs(fam: str) -> dict:
 def options(fam: str, method: str, given: dict | None) -> dict:
     if given is not None:
         return given
-    if attnprune.registry.get(method).kind == "token":
+    if attnprune.methods.registry.get(method).kind == "token":
         return dict(TOKEN_OPTIONS[fam])
     return dict(ATTENTION_OPTIONS.get(method, {}))
 
@@ -307,8 +307,8 @@ def test_finetune_results_folder_loads_in_one_line(tmp_path):
         BertTokenizerFast,
     )
 
-    from attnprune.data.text import load_text_data
-    from attnprune.finetune import _loader, evaluate, load_weights, main
+    from attnprune.research.data.text import load_text_data
+    from attnprune.research.finetune import _loader, evaluate, load_weights, main
 
     words = {0: ["awful", "bad"], 1: ["table", "door"], 2: ["great", "good"]}
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "it"] + [w for ws in words.values() for w in ws]

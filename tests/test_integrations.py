@@ -22,7 +22,7 @@ from transformers import (
 )
 
 import attnprune
-from attnprune.integrations import PruningTrainer, distillation_loss
+from attnprune.deploy.integrations import PruningTrainer, distillation_loss
 
 WORDS = ["awful", "bad", "sad", "table", "chair", "door", "great", "happy", "good", "the", "it",
          "was", "very", "a", "movie", "day"]

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import test_lm  # tests/ is on sys.path
 
-from attnprune import lm, stats
-from attnprune.config import ConfigError, load_config
-from attnprune.experiments import intensity_runs as ir
+from attnprune.research import lm
+from attnprune.research.experiments import intensity_runs as ir
+from attnprune.runs import stats
+from attnprune.runs.config import ConfigError, load_config
 
 corpus = test_lm.corpus  # the tiny text fixture, shared
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import require_shared_file  # tests/ is on sys.path
 
-from attnprune.config import ConfigError, load_config
-from attnprune.data import lm_text
-from attnprune.lm import LMConfig, lr_at, main, run_lm
+from attnprune.research.data import lm_text
+from attnprune.research.lm import LMConfig, lr_at, main, run_lm
+from attnprune.runs.config import ConfigError, load_config
 
 TINY = ["--n-layer", "3", "--n-embd", "32", "--n-head", "2", "--context", "32", "--batch-size",
         "4", "--eval-windows", "8", "--gen-tokens", "10", "--bench-repeats", "1", "--warmup", "1"]
@@ -78,8 +78,7 @@ def test_schedule_warmup_then_cosine():
 
 @pytest.mark.slow
 def test_dtr_run_writes_results_and_resumes_after_a_kill(corpus, tmp_path, monkeypatch):
-    from attnprune import lm
-
+    from attnprune.research import lm
     out = tmp_path / "run"
     argv = [*TINY, "--data", f"text:{corpus}", "--method", "dtr", "--steps", "4",
             "--stage2-steps", "2", "--eval-every", "2", "--lengths", "16,32", "--eval-windows", "4",
@@ -136,8 +135,7 @@ def _kv(argv):
 
 
 def test_paper_preset_from_the_command_line_and_a_config_file(tmp_path, monkeypatch):
-    from attnprune import lm
-
+    from attnprune.research import lm
     seen = {}
     monkeypatch.setattr(lm, "run_lm", lambda cfg, out, exact: seen.setdefault("cfg", cfg))
     lm.main(["--preset", "paper", "--steps", "3", "--out", str(tmp_path)])
@@ -180,8 +178,7 @@ def test_bench_lm_over_windows_with_and_without_row_bucketing(corpus, tmp_path):
 def test_dtr_sweep_spreads_runs_resumes_and_tabulates(corpus, tmp_path, monkeypatch):
     """``lm --sweep``: a control and one run per point from the same base; killed during the
     second point, the rerun skips the finished runs and resumes the killed one."""
-    from attnprune import lm
-
+    from attnprune.research import lm
     base = run_lm(load_config(LMConfig, None, {**_kv(TINY), "data": f"text:{corpus}", "steps": 2,
                                                 "eval_every": 2, "gen_tokens": 0}),
                   tmp_path / "base", exact=True)
@@ -233,8 +230,7 @@ def test_sweep_config_errors_name_the_field(tmp_path):
 def test_distillation_from_the_sweep_control(corpus, tmp_path, monkeypatch):
     """``--distill-from control``: each point is distilled from its seed's control (the teacher
     is that run's weights); α = 0 is plain CE, a teacher equal to the model adds no KL."""
-    from attnprune import lm
-
+    from attnprune.research import lm
     base = run_lm(load_config(LMConfig, None, {**_kv(TINY), "data": f"text:{corpus}", "steps": 2,
                                                 "eval_every": 2, "gen_tokens": 0}),
                   tmp_path / "base", exact=True)
@@ -271,7 +267,7 @@ def test_distillation_config_errors_name_the_field(override, field):
 def test_lm_device_option(monkeypatch):
     """``device``: auto is CUDA where torch sees one (training runs there), else the CPU;
     a wrong name or a missing GPU is refused naming the field."""
-    import attnprune.lm as lm_mod
+    import attnprune.research.lm as lm_mod
 
     with pytest.raises(ValueError, match="device"):
         lm_mod.LMConfig(device="tpu")

@@ -12,8 +12,8 @@ import torch
 from test_lm import TINY, _kv, corpus  # noqa: F401 (fixture)
 
 import attnprune
-from attnprune.config import load_config
-from attnprune.lm import LMConfig, build_model, load_weights, run_lm
+from attnprune.research.lm import LMConfig, build_model, load_weights, run_lm
+from attnprune.runs.config import load_config
 
 
 @pytest.mark.parametrize("method", ["none", "ltp"])
@@ -25,7 +25,7 @@ def test_lm_run_saves_a_loadable_patched_model(corpus, tmp_path, method):  # noq
     folder = run / "model"
     assert (folder / "attnprune.json").is_file() and (folder / "config.json").is_file()
     # the reference: the model rebuilt by hand from the run's config and its weights file
-    from attnprune.data.lm_text import load_lm_text
+    from attnprune.research.data.lm_text import load_lm_text
 
     ref = build_model(cfg, load_lm_text(cfg.data, cfg.tokenizer).vocab_size)
     if method != "none":
@@ -42,6 +42,6 @@ def test_lm_run_saves_a_loadable_patched_model(corpus, tmp_path, method):  # noq
                          capture_output=True, text=True, check=True)
     got = torch.tensor(json.loads(out.stdout.strip().splitlines()[-1]), dtype=torch.float64)
     torch.testing.assert_close(got, want.double(), rtol=0, atol=1e-6)
-    from attnprune.hub import read_recipe
+    from attnprune.deploy.hub import read_recipe
 
     assert (read_recipe(folder)["patches"] != []) == (method != "none")

@@ -20,9 +20,9 @@ from transformers import (
 )
 
 import attnprune
-from attnprune.baselines import keep_first_layers
-from attnprune.config import ConfigError, parse_command_line
-from attnprune.pareto import ParetoConfig, _paired, _test_rows, main
+from attnprune.research.pareto import ParetoConfig, _paired, _test_rows, main
+from attnprune.runs.config import ConfigError, parse_command_line
+from attnprune.train.baselines import keep_first_layers
 
 KW = {"hidden_size": 16, "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 64}
 
@@ -79,7 +79,7 @@ def test_layer_dropped_model_can_be_patched_and_quantized():
 def test_pruned_point_with_a_depth_is_truncated_then_patched():
     """``layers: N`` in a prune entry: the first N layers, then the patch (its own label and
     family, so the verdict does not count it as a layer-drop point)."""
-    from attnprune.pareto import _family, build
+    from attnprune.research.pareto import _family, build
 
     cfg = ParetoConfig(layer_drop=(2,), prune=(
         {"method": "attention_mass", "keep_ratio": 0.5, "after_layer": 1, "layers": 3},
@@ -230,8 +230,7 @@ def test_methods_with_a_trained_budget_are_refused_before_work(tmp_path):
     """The time phase runs untrained weights: a method whose kept count depends on them
     (``variable_budget``: thresholds, policies) would be timed with a kept count it never has
     after training. Every such registered method is refused, naming the entry."""
-    from attnprune import registry
-
+    from attnprune.methods import registry
     variable = [m for m in registry.list_methods("token")
                 if getattr(registry.get(m).cls, "variable_budget", False)]
     assert {"ltp", "entropy_threshold"} <= set(variable)
@@ -250,8 +249,8 @@ def _verdict_folder(tmp_path, seeds, *, pruned_correct=0.95, pruned_time=0.4):
     """A results folder as the train and time phases leave it, for the summary alone: 200 test
     rows; full right on 95 %, layers=1 on 80 % and timed 0.45 of full, the pruned point right
     on ``pruned_correct`` (its errors a superset of full's) and timed ``pruned_time``."""
-    from attnprune.pareto import summarize
-    from attnprune.results import ResultsDir
+    from attnprune.research.pareto import summarize
+    from attnprune.runs.results import ResultsDir
 
     cfg = ParetoConfig(seeds=tuple(seeds), layer_drop=(1,), int8=False, timing_batch_sizes=(32,),
                        prune=({"method": "attention_mass", "keep_ratio": 0.5, "after_layer": 1},))
@@ -297,8 +296,8 @@ def _front_folder(tmp_path, seeds=(0, 1, 2)):
     """A results folder for the summary alone (400 test rows, nested errors): full 95 % at 1.0;
     layers=1 60 % at 0.2, layers=2 80 % at 0.4, layers=2+int8 79 % at 0.3; pruned ρ 0.5 at
     0.35 right on 90 %, ρ 0.3 at 0.15 (faster than every layer-drop point) right on 70 %."""
-    from attnprune.pareto import summarize
-    from attnprune.results import ResultsDir
+    from attnprune.research.pareto import summarize
+    from attnprune.runs.results import ResultsDir
 
     cfg = ParetoConfig(seeds=tuple(seeds), layer_drop=(1, 2), int8=True, timing_batch_sizes=(32,),
                        prune=({"method": "attention_mass", "keep_ratio": [0.5, 0.3], "after_layer": 1},))

@@ -1,4 +1,4 @@
-"""The passkey-retrieval task of issue 25 (attnprune.experiments.passkey): the prompts hold the
+"""The passkey-retrieval task of issue 25 (attnprune.research.experiments.passkey): the prompts hold the
 key where they say, and accuracy is computed through the pruned prefill."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnprune.experiments import passkey as pk
+from attnprune.research.experiments import passkey as pk
 
 
 def test_prompts_hold_the_key_once_and_end_with_the_query():
@@ -33,7 +33,7 @@ def test_accuracy_runs_pruned_and_unpruned():
 
 
 def test_run_writes_the_grid_paired_with_unpruned(tmp_path):
-    from attnprune.results import ResultsDir
+    from attnprune.runs.results import ResultsDir
 
     cfg = pk.PasskeyConfig(width=32, layers=2, heads=2, kv_heads=1, ffn=64, steps=2, batch=2,
                            min_len=16, max_len=24, eval_n=4, keeps=(0.5,), methods=("gemfilter",),
@@ -84,7 +84,7 @@ def test_batch_tokens_and_time_budget_shape_the_training():
 def test_train_only_saves_weights_that_load_back_the_same(tmp_path):
     import json
 
-    from attnprune.results import ResultsDir
+    from attnprune.runs.results import ResultsDir
 
     cfg = pk.PasskeyConfig(width=32, layers=2, heads=2, kv_heads=1, ffn=64, steps=4, batch=4,
                            min_len=16, max_len=24, device="cpu", train_only=True, check_n=8,
@@ -130,7 +130,7 @@ def test_pooled_difference_pairs_the_prompts():
 def test_models_folder_is_evaluated_per_seed_and_pooled(tmp_path):
     import json
 
-    from attnprune.results import ResultsDir
+    from attnprune.runs.results import ResultsDir
 
     small = {"width": 32, "layers": 2, "heads": 2, "kv_heads": 1, "ffn": 64, "steps": 2,
              "batch": 2, "min_len": 16, "max_len": 24, "device": "cpu", "train_only": True,

@@ -1,4 +1,4 @@
-"""Ranking distillation (attnprune.rank_distill): the teacher's target is a distribution over
+"""Ranking distillation (attnprune.train.rank_distill): the teacher's target is a distribution over
 the real tokens built from the layers after the cut, the patched encoder adds the KL at its
 first cut and only there, its gradient reaches the scoring layer's query/key weights, training
 moves the scorer toward the teacher, and the config refuses what it cannot do."""
@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader
 from transformers import BertConfig, BertForSequenceClassification
 
 import attnprune
-from attnprune.rank_distill import first_cut, rank_target, ranking_loss, teacher_importance
 from attnprune.train import fit
+from attnprune.train.rank_distill import first_cut, rank_target, ranking_loss, teacher_importance
 
 KW = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64,
       "max_position_embeddings": 64, "vocab_size": 60}
@@ -134,7 +134,7 @@ def test_training_with_rank_distillation_moves_the_scorer_toward_the_teacher():
 
 
 def test_fit_and_pareto_refuse_what_they_cannot_do():
-    from attnprune.pareto import ParetoConfig
+    from attnprune.research.pareto import ParetoConfig
 
     with pytest.raises(ValueError, match="needs a teacher"):
         fit(_bert(), [], rank_distill=1.0, progress=False)

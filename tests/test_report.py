@@ -15,8 +15,8 @@ from test_finetune import args as finetune_args
 from test_finetune import one_thread, tiny  # noqa: F401 (fixtures)
 
 from attnprune.cli import main as cli_main
-from attnprune.report import build, fmt
-from attnprune.results import ResultsDir
+from attnprune.runs.report import build, fmt
+from attnprune.runs.results import ResultsDir
 
 LONG = 0.12345678901234567  # a 17-digit float, as json.dumps writes them
 
@@ -192,7 +192,7 @@ def finetune_run(tiny, tmp_path_factory):  # noqa: F811
     """A real results folder: a tiny full model, then attention-mass pruning started from it."""
     import torch
 
-    from attnprune.finetune import main
+    from attnprune.research.finetune import main
 
     threads = torch.get_num_threads()
     root = tmp_path_factory.mktemp("ft")
@@ -239,8 +239,7 @@ def test_screenshot_in_a_browser(finetune_run, tmp_path):
 def test_accuracy_intervals_stay_inside_their_range(tmp_path):
     """2 seeds (the --quick runs): a t-interval on 1 df left [0, 1] ("0.5775 [0.03749, 1.118]");
     the summary's interval is cut to the range, and the page cuts intervals of older folders."""
-    from attnprune import stats
-
+    from attnprune.runs import stats
     t = stats.aggregate_seeds([0.535, 0.62])  # no range: the t-interval as it was
     assert t["ci95"][1] > 1
     cut = stats.aggregate_seeds([0.535, 0.62], bounds=(0.0, 1.0))

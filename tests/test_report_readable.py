@@ -10,7 +10,7 @@ import re
 import pytest
 from test_report import SUMMARIES, Page
 
-from attnprune.report import build, verdict
+from attnprune.runs.report import build, verdict
 
 
 def comp(a, diff, lo, hi):
@@ -123,7 +123,7 @@ def test_two_seeds_show_their_values_not_a_spread(tmp_path):
 
 
 def test_synthetic_text_table_has_no_spread_from_two_seeds():
-    from attnprune.synthetic.run import _ci
+    from attnprune.research.synthetic.run import _ci
 
     two = {"mean": 0.5775, "ci95": [0.03749, 1.118], "per_seed": [0.62, 0.535]}
     assert _ci(two) == "0.620/0.535" and "±" not in _ci(two)
@@ -159,7 +159,7 @@ def test_wide_comparison_tables_are_compact(tmp_path):
 def test_synthetic_bar_figure_two_seeds_dots_else_clipped_bars(n, dots):
     import matplotlib.pyplot as plt
 
-    from attnprune.synthetic.figures import _bar
+    from attnprune.research.synthetic.figures import _bar
 
     per = [0.55, 0.6, 0.65][:n]
     m = sum(per) / n

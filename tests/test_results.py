@@ -5,15 +5,15 @@ import json
 import numpy as np
 import pytest
 
-from attnprune.report import build
-from attnprune.results import ResultsDir, atomic_write_text, make_run_dir
+from attnprune.runs.report import build
+from attnprune.runs.results import ResultsDir, atomic_write_text, make_run_dir
 
 
 def test_atomic_write_leaves_no_temp(tmp_path, monkeypatch):
     atomic_write_text(tmp_path / "a.txt", "one")
     assert (tmp_path / "a.txt").read_text() == "one"
 
-    import attnprune.results as r
+    import attnprune.runs.results as r
 
     def boom(*a, **k):
         raise OSError("disk full")
@@ -72,8 +72,8 @@ def test_rerun_with_other_options_is_refused_naming_the_keys(tmp_path, capsys):
     the differing keys named, config.yaml and summary.json left as they were (it used to
     skip the finished run and write the new options over the folder's)."""
     from attnprune import cli
-    from attnprune.config import ConfigError, parse_command_line
-    from attnprune.finetune import FinetuneConfig
+    from attnprune.research.finetune import FinetuneConfig
+    from attnprune.runs.config import ConfigError, parse_command_line
 
     out = tmp_path / "ft"
     csv = tmp_path / "d.csv"

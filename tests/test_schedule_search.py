@@ -1,4 +1,4 @@
-"""The budgeted schedule search (attnprune.schedule_search): it reaches its FLOPs budget and no
+"""The budgeted schedule search (attnprune.train.schedule_search): it reaches its FLOPs budget and no
 more than one step past it, returns a non-increasing schedule that patch() accepts, leaves the
 model unchanged, picks the cheaper-in-KL layer, and refuses bad input."""
 
@@ -12,7 +12,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 import attnprune
 from attnprune.measure import count_flops
-from attnprune.schedule_search import search_schedule
+from attnprune.train.schedule_search import search_schedule
 
 LEVELS = (1.0, 0.5, 0.25)  # a coarse grid: few steps, a fast test
 KW = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64,

@@ -1,4 +1,4 @@
-"""Sparse FFN execution (attnprune/sparse_ffn.py): parity, exact skipping, counted FLOPs."""
+"""Sparse FFN execution (attnprune/deploy/sparse_ffn.py): parity, exact skipping, counted FLOPs."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from transformers import (
 )
 
 import attnprune
-from attnprune import sparse_ffn
+from attnprune.deploy import sparse_ffn
+from attnprune.deploy.sparse_ffn import SparseFFNOutput, block_reference, block_sparse_linear
 from attnprune.measure import count_flops
-from attnprune.sparse_ffn import SparseFFNOutput, block_reference, block_sparse_linear
 
 V = 100
 
@@ -203,14 +203,16 @@ def test_no_ffn_is_an_error():
 
 
 def test_bench_runs_and_reports_the_skip():
-    cfg = sparse_ffn.BenchConfig(d_model=16, d_ff=64, rows=32, blocks=(8, 32),
-                                 sparsities=(0.0, 0.5), patterns=("units", "tokens"), repeats=1)
-    rows = sparse_ffn.bench(cfg)
+    from attnprune.bench import sparse_ffn as bench_sparse_ffn
+
+    cfg = bench_sparse_ffn.BenchConfig(d_model=16, d_ff=64, rows=32, blocks=(8, 32),
+                                       sparsities=(0.0, 0.5), patterns=("units", "tokens"), repeats=1)
+    rows = bench_sparse_ffn.bench(cfg)
     assert len(rows) == 2 * 2 * 2
     units = {(r["block"], r["sparsity"]): r for r in rows if r["pattern"] == "units"}
     assert units[(8, 0.5)]["flops_ratio"] == pytest.approx(0.5)
     assert units[(8, 0.5)]["block_sparsity"] == pytest.approx(0.5)
-    assert "| units | 8 |" in sparse_ffn.format_bench(rows, cfg)
+    assert "| units | 8 |" in bench_sparse_ffn.format_bench(rows, cfg)
 
 
 def test_bench_command_writes_results(tmp_path, capsys):
@@ -225,14 +227,14 @@ def test_bench_command_writes_results(tmp_path, capsys):
 
 
 def test_package_exposes_sparse_ffn():
-    assert attnprune.sparse_ffn.apply is sparse_ffn.apply
+    assert attnprune.deploy.sparse_ffn.apply is sparse_ffn.apply
 
 
 @pytest.mark.parametrize("n,block", [(1, 4), (5, 4), (64, 64), (130, 64), (200, 4096), (70, 48),
                                      (129, 128)])
 @pytest.mark.parametrize("mode", ["relu", "magnitude"])
 def test_active_units_is_any_over_the_block(n, block, mode):
-    from attnprune.sparse_ffn import active_units
+    from attnprune.deploy.sparse_ffn import active_units
 
     a = torch.randn(n, 9)
     on = (a > 0.5) if mode == "relu" else (a.abs() > 0.5)

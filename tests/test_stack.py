@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import attnprune
-from attnprune.stack import PatchStack
+from attnprune.hosts.stack import PatchStack
 
 
 def bert(**kw):

@@ -1,4 +1,4 @@
-"""attnprune.stats: reference values (shared/REFERENCE_VALUES.md), library cross-checks,
+"""attnprune.runs.stats: reference values (shared/REFERENCE_VALUES.md), library cross-checks,
 degenerate inputs and the comparisons contract of DESIGN.md."""
 
 import json
@@ -15,7 +15,7 @@ from statsmodels.stats.power import NormalIndPower
 from statsmodels.stats.proportion import samplesize_confint_proportion
 from statsmodels.stats.weightstats import ttost_paired
 
-from attnprune import stats as S
+from attnprune.runs import stats as S
 
 TOL = {"rel": 1e-6, "abs": 1e-9}
 

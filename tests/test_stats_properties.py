@@ -1,11 +1,11 @@
-"""Property tests of attnprune.stats (hypothesis; small example counts to stay fast)."""
+"""Property tests of attnprune.runs.stats (hypothesis; small example counts to stay fast)."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnprune import stats as S
+from attnprune.runs import stats as S
 
 FAST = settings(max_examples=40, deadline=None)
 

@@ -18,8 +18,8 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification, BertModel
 
 import attnprune
-from attnprune import registry
 from attnprune.hosts.hf_encoder import LazyStats, _fixed_width
+from attnprune.methods import registry
 
 # MiniLM-L6's shape (6 layers, width 384, 12 heads, FFN 1536) with a small vocabulary and
 # random weights: the model the issue names, without its 90 MB of embeddings.

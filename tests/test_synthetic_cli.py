@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from attnprune import cli
-from attnprune.config import load_config
-from attnprune.synthetic import run as synth_run
-from attnprune.synthetic.run import SyntheticConfig, flops_proxy, latency_proxy, plan_runs
+from attnprune.research.synthetic import run as synth_run
+from attnprune.research.synthetic.run import SyntheticConfig, flops_proxy, latency_proxy, plan_runs
+from attnprune.runs.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 # --quick, made smaller still: real training, a few seconds
@@ -205,7 +205,7 @@ def test_training_worker_ignores_ctrl_c_and_dies_with_its_parent(tmp_path):
     ready = tmp_path / "ready"
     script = f"""
 import multiprocessing, os, pathlib, sys, time
-from attnprune.synthetic.run import _worker_init
+from attnprune.research.synthetic.run import _worker_init
 
 def worker(parent):
     _worker_init(1, parent)
@@ -238,7 +238,7 @@ time.sleep(600)
 def test_two_seed_intervals_stay_in_the_metrics_range():
     """summary.json's accuracy / AUC intervals are cut to [0, 1] (2 seeds: t = 12.7 gave
     [0.037, 1.118]); unbounded metrics keep the t-interval."""
-    from attnprune.synthetic.run import UNIT, _agg
+    from attnprune.research.synthetic.run import UNIT, _agg
 
     cut = _agg([0.535, 0.62], UNIT)
     assert cut["ci95"][1] == 1.0 and 0.0 <= cut["ci95"][0] < 0.535

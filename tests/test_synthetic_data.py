@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from attnprune.synthetic.data import DataSpec, idf_weights, make_dataset
+from attnprune.research.synthetic.data import DataSpec, idf_weights, make_dataset
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from attnprune.hosts.tiny import TinyConfig, TinyEncoder, numpy_forward, numpy_params
 from attnprune.measure import count_flops
+from attnprune.research.synthetic.host import TinyConfig, TinyEncoder, numpy_forward, numpy_params
+from attnprune.research.synthetic.run import METHODS
 from attnprune.selection import budget
-from attnprune.synthetic.run import METHODS
 
 GATES = [m for m in METHODS if m != "full"]
 TOPK = ("attention_mass", "random", "entropy", "entropy_gumbel")

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from attnprune.config import ConfigError, load_config
-from attnprune.hosts.tiny import TinyConfig, TinyEncoder
-from attnprune.synthetic.run import SyntheticConfig
-from attnprune.synthetic.train import TrainConfig, train_model
+from attnprune.research.synthetic.host import TinyConfig, TinyEncoder
+from attnprune.research.synthetic.run import SyntheticConfig
+from attnprune.research.synthetic.train import TrainConfig, train_model
+from attnprune.runs.config import ConfigError, load_config
 
 
 def test_precision_is_validated():

@@ -15,11 +15,11 @@ from scipy import stats as sps
 from sklearn.metrics import matthews_corrcoef
 
 from attnprune import api
-from attnprune import stats as S
-from attnprune.config import ConfigError, parse_command_line
-from attnprune.data.text import load_text_data, tokenize
-from attnprune.finetune import FinetuneConfig, main
 from attnprune.methods.base import protect_special
+from attnprune.research.data.text import load_text_data, tokenize
+from attnprune.research.finetune import FinetuneConfig, main
+from attnprune.runs import stats as S
+from attnprune.runs.config import ConfigError, parse_command_line
 
 FILLER = ["the", "a", "it", "was", "cat", "dog", "sat", "ran", "there", "here"]
 CUES = {0: ["no", "never", "not"], 1: ["maybe", "perhaps", "some"],
@@ -252,7 +252,7 @@ def test_pair_segments_reach_the_model_pruned_or_not(tiny):
 def test_regression_loss_is_mse_and_distils_to_the_teacher_output():
     from transformers import BertConfig, BertForSequenceClassification
 
-    from attnprune.train import _loss
+    from attnprune.train.loop import _loss
 
     cfg = BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                      intermediate_size=32, num_labels=1)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnprune.config import ConfigError, parse_command_line
-from attnprune.experiments.token_budget import (
+from attnprune.research.experiments.token_budget import (
     FULL,
     BudgetConfig,
     attention_by_layer,
@@ -14,6 +13,7 @@ from attnprune.experiments.token_budget import (
     format_table1,
     format_table2,
 )
+from attnprune.runs.config import ConfigError, parse_command_line
 
 
 @pytest.mark.parametrize("key,value", [("budgets", "[256]"), ("budgets", "[0]"),

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attnprune
-from attnprune import registry
+from attnprune.methods import registry
 from attnprune.methods.base import Selection, protect_first
 
 TOKEN_METHODS = registry.list_methods("token")
@@ -148,7 +148,7 @@ def test_patching_a_non_transformers_model_does_not_import_transformers():
     import sys
 
     code = ("import sys, attnprune\n"
-            "from attnprune.hosts.tiny import TinyConfig, TinyEncoder\n"
+            "from attnprune.research.synthetic.host import TinyConfig, TinyEncoder\n"
             "attnprune.patch(TinyEncoder(TinyConfig(vocab=20, d_model=8)), 'entropy')\n"
             "print('transformers' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

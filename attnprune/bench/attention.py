@@ -26,10 +26,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..api import patch, unpatch
-from ..config import parse_command_line, to_dict
-from ..measure import count_flops, env_info, time_fn
-from ..results import ResultsDir
+from attnprune.api import patch, unpatch
+from attnprune.measure import count_flops, env_info, time_fn
+from attnprune.runs.config import parse_command_line, to_dict
+from attnprune.runs.results import ResultsDir
 
 TARGET_RATIO = 0.95  # issue 4: modulation through SDPA keeps ≥ 95 % of the dense tokens/s
 

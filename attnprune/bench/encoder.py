@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import api
-from ..config import parse_command_line
-from ..measure import count_flops, env_info, peak_memory, time_fn
-from ..results import ResultsDir
-from ..selection import check_keep_ratio
+from attnprune import api
+from attnprune.measure import count_flops, env_info, peak_memory, time_fn
+from attnprune.runs.config import parse_command_line
+from attnprune.runs.results import ResultsDir
+from attnprune.selection import check_keep_ratio
 
 __all__ = ["BenchEncoderConfig", "bench_config", "main"]
 
@@ -55,8 +55,7 @@ class BenchEncoderConfig:
     quick: bool = False  # B ∈ {1, 8}, L ∈ {64, 128}, ρ = 0.5, 3 repeats: a smoke run
 
     def __post_init__(self) -> None:
-        from .. import registry
-
+        from attnprune.methods import registry
         for m in self.methods:
             if registry.get(m).kind != "token":
                 raise ValueError(f"methods: {m!r} is not a token method")
@@ -87,7 +86,7 @@ def bench_config(cfg: BenchEncoderConfig) -> BenchEncoderConfig:
 def _text_ids(tokenizer, B: int, L: int, vocab: int) -> torch.Tensor:
     """(B, L) token ids of real text: windows of Shakespeare (shared data), CLS first, no
     padding; random ids if the file is missing."""
-    from ..data.text import shared_data_dir
+    from attnprune.research.data.text import shared_data_dir
 
     path = shared_data_dir() / "shakespeare.txt"
     need = B * (L - 1)
@@ -105,7 +104,7 @@ def _text_ids(tokenizer, B: int, L: int, vocab: int) -> torch.Tensor:
 def _load(model: str):
     from transformers import AutoModel, AutoTokenizer
 
-    from ..finetune import resolve_model_path
+    from attnprune.research.finetune import resolve_model_path
 
     path = resolve_model_path(model)
     m = AutoModel.from_pretrained(path).eval()

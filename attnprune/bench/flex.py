@@ -39,10 +39,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..config import parse_command_line, to_dict
-from ..measure import env_info, time_interleaved
-from ..methods.crisp import topk_row_mask
-from ..results import ResultsDir
+from attnprune.measure import env_info, time_interleaved
+from attnprune.methods.crisp import topk_row_mask
+from attnprune.runs.config import parse_command_line, to_dict
+from attnprune.runs.results import ResultsDir
 
 
 @dataclass(frozen=True)
@@ -211,8 +211,8 @@ def kernel_part(cfg: BenchFlexConfig, progress) -> list[dict]:
 def real_attention(cfg: BenchFlexConfig) -> torch.Tensor:
     """Stock MiniLM-L6's attention probabilities on ``windows`` 512-token passages of
     shakespeare.txt: (windows, layers, heads, 512, 512)."""
-    from ..data.text import shared_data_dir
-    from ..finetune import load_model
+    from attnprune.research.data.text import shared_data_dir
+    from attnprune.research.finetune import load_model
 
     model, tok = load_model(cfg.model, 2)
     model.set_attn_implementation("eager")

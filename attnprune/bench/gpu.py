@@ -33,11 +33,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import api
-from ..config import parse_command_line
-from ..measure import env_info, time_interleaved
-from ..results import ResultsDir
-from ..selection import check_keep_ratio
+from attnprune import api
+from attnprune.measure import env_info, time_interleaved
+from attnprune.runs.config import parse_command_line
+from attnprune.runs.results import ResultsDir
+from attnprune.selection import check_keep_ratio
 
 __all__ = ["BenchGPUConfig", "main", "run"]
 
@@ -155,7 +155,7 @@ def _int8(model, device: str):
     if device == "cpu":
         if next(model.parameters()).dtype != torch.float32:
             return None, "dynamic int8 takes fp32 models"
-        from ..deploy import quantize_int8
+        from attnprune.deploy import quantize_int8
 
         return quantize_int8(copy.deepcopy(model)), "dynamic int8 (Linear)"
     try:
@@ -225,7 +225,7 @@ def _decoder(shape: str, T: int, dtype, device):
 
 
 def _decoder_rows(cfg: BenchGPUConfig, shape: str, dtype, flush) -> list[dict]:
-    from ..prefill import prefill
+    from attnprune.prefill import prefill
 
     rows = []
     for T in cfg.decoder_lengths:

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 import yaml
 
-from .. import api
-from ..config import parse_command_line
-from ..data.lm_text import eval_windows, load_lm_text
-from ..lm import (
+from attnprune import api
+from attnprune.measure import count_flops, env_info
+from attnprune.research.data.lm_text import eval_windows, load_lm_text
+from attnprune.research.lm import (
     LMConfig,
     _layer_flops,
     _set_enabled,
@@ -35,8 +35,8 @@ from ..lm import (
     load_weights,
     paired_timing,
 )
-from ..measure import count_flops, env_info
-from ..results import ResultsDir, make_run_dir
+from attnprune.runs.config import parse_command_line
+from attnprune.runs.results import ResultsDir, make_run_dir
 
 __all__ = ["BenchLMConfig", "bench_lm", "main"]
 

@@ -38,10 +38,16 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import parse_command_line, to_dict
-from ..measure import count_flops, env_info, peak_memory, return_freed_memory, time_interleaved
-from ..prefill import PrefillConfig, prefill
-from ..results import ResultsDir
+from attnprune.measure import (
+    count_flops,
+    env_info,
+    peak_memory,
+    return_freed_memory,
+    time_interleaved,
+)
+from attnprune.prefill import PrefillConfig, prefill
+from attnprune.runs.config import parse_command_line, to_dict
+from attnprune.runs.results import ResultsDir
 
 
 @dataclass(frozen=True)
@@ -119,7 +125,7 @@ def baselines(model, cfg: BenchPrefillConfig) -> dict:
     shallow.config.num_hidden_layers = n
     out[f"layers={n}"] = shallow
     if cfg.int8:
-        from ..deploy import quantize_int8
+        from attnprune.deploy import quantize_int8
 
         out["int8"] = quantize_int8(model)
     return out
@@ -169,7 +175,7 @@ def _stock_decode(model, ids, mask, steps: int):
 
 def _pruned_decode(model, ids, mask, opts, steps: int):
     """Pruned prefill (untimed) → a callable running ``steps`` decode steps on its cache."""
-    from ..prefill import decode
+    from attnprune.prefill import decode
 
     state = prefill(model, ids, mask, max_new_tokens=steps, **opts)
     nxt = state.logits.argmax(-1, keepdim=True)

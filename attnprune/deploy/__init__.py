@@ -1,6 +1,6 @@
 """Deployment of (patched) models: int8, ONNX export."""
 
-from .int8 import quantize_int8
-from .onnx import export_onnx
+from attnprune.deploy.int8 import quantize_int8
+from attnprune.deploy.onnx import export_onnx
 
 __all__ = ["export_onnx", "quantize_int8"]

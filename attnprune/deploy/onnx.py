@@ -54,8 +54,8 @@ def _sort_stable(self, *, stable=None, dim: int = -1, descending: bool = False):
 
 def _check_exportable(model: nn.Module) -> None:
     """ValueError unless ``model`` is stock or patched by the encoder host with a token method."""
-    from ..api import patch_state
-    from ..hosts.hf_encoder import HFEncoderState
+    from attnprune.api import patch_state
+    from attnprune.hosts.hf_encoder import HFEncoderState
 
     state = patch_state(model)
     if state is None or isinstance(state, HFEncoderState):
@@ -126,7 +126,7 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: dict | None 
                           verbose=False)
     finally:
         model.train(was_training)
-    from ..api import patch_state
+    from attnprune.api import patch_state
 
     state = patch_state(model)
     if verify and not (state is not None and state.method == "random"):

@@ -70,9 +70,21 @@ from functools import partial
 import torch
 from torch import nn
 
-from .. import registry
-from ..methods.crisp import allowed_keys, fused_attention, masked_scores, score_bias, softmax_rows
-from . import PatchState, add_method_module, register_host, remove_method_module, remove_state_hooks
+from attnprune.hosts import (
+    PatchState,
+    add_method_module,
+    register_host,
+    remove_method_module,
+    remove_state_hooks,
+)
+from attnprune.methods import registry
+from attnprune.methods.crisp import (
+    allowed_keys,
+    fused_attention,
+    masked_scores,
+    score_bias,
+    softmax_rows,
+)
 
 METHOD_ATTR = "attnprune_method"
 # FFN first layers (W1 of eq. 2 in the cost paper), by module-name suffix, for a model whose
@@ -289,7 +301,7 @@ class AttentionPatchState(PatchState):
         self.handles: list = []
         self.need_weights = False  # set by analysis to receive probabilities
         # False = stock attention and no penalties (the full reference on the same weights and
-        # batches, as ``attnprune.finetune.evaluate`` does with every host)
+        # batches, as ``attnprune.research.finetune.evaluate`` does with every host)
         self.enabled = True
         # True when a token method is stacked on the same model (``patch(..., stack=True)``):
         # layers after a gather see fewer, re-ordered tokens (and row groups fewer rows), so

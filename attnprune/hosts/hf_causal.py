@@ -69,15 +69,15 @@ from transformers import DynamicCache, GPT2Model
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
-from .. import registry
-from ..selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
-from . import (
+from attnprune.hosts import (
     PatchState,
     check_attn_implementation,
     refuse_output_flags,
     register_host,
     remove_state_hooks,
 )
+from attnprune.methods import registry
+from attnprune.selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
 
 __all__ = ["CausalPatchState", "PrunedGPT2Model", "causal_methods"]
 

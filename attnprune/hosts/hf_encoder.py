@@ -105,17 +105,14 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 from torch import Tensor, nn
 
-from .. import registry
-from ..methods.base import protect_first, protect_special
-from ..selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
-from . import (
+from attnprune.hosts import (
     PatchState,
     add_method_module,
     check_attn_implementation,
@@ -124,6 +121,9 @@ from . import (
     remove_method_module,
     remove_state_hooks,
 )
+from attnprune.methods import registry
+from attnprune.methods.base import protect_first, protect_special
+from attnprune.selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
 
 __all__ = ["GROUP_OVERHEAD_PER_THREAD", "GROUP_OVERHEAD_TOKENS", "HFEncoderState", "LazyStats",
            "group_overhead_tokens", "parse_schedule", "patch_hf_encoder", "sync_free"]
@@ -228,7 +228,7 @@ def _family(model: nn.Module) -> str | None:
     for BERT, MiniLM, RoBERTa, XLM-R, CamemBERT, ELECTRA; 'distilbert', 'albert', 'mpnet',
     'deberta', 'modernbert'), 'refused' for a family the table refuses (patch says why), None
     for anything else (decoders, and BERT-likes configured as decoders)."""
-    from .hf_attention import family
+    from attnprune.hosts.hf_attention import family
 
     base = getattr(model, "base_model", None)
     fam = family(model)
@@ -239,8 +239,8 @@ def _family(model: nn.Module) -> str | None:
 
 def _anatomy(model: nn.Module) -> tuple[str, nn.Module, list[nn.Module], list[tuple[nn.Module, nn.Module]]]:
     """(family, encoder module, layers, [(query linear, key linear)] per layer)."""
-    from .hf_attention import family
-    from .hf_encoder_families import ANATOMIES
+    from attnprune.hosts.hf_attention import family
+    from attnprune.hosts.hf_encoder_families import ANATOMIES
 
     fam = _family(model)
     if fam == "refused":
@@ -273,9 +273,9 @@ class _Call:
     concurrent calls never read each other's labels, token ids, q/k projections or tables."""
 
     def __init__(self, labels: Tensor | None = None, inputs: tuple | None = None,
-                 rank: tuple[Tensor, float] | None = None) -> None:
+                 rank: Callable[[Tensor, Tensor], Tensor] | None = None) -> None:
         self.labels = labels  # the sequence labels of this forward (training losses)
-        self.rank = rank  # (target, weight) of ranking distillation (attnprune.rank_distill)
+        self.rank = rank  # loss on the first cut's scores (attnprune.train.rank_distill)
         self.inputs = inputs  # (input_ids, token_type_ids), to find the separators
         self.want: nn.Module | None = None  # the query linear whose layer is being scored
         self.captured: dict[str, Tensor] = {}  # its q and k projections
@@ -338,7 +338,7 @@ class HFEncoderState(PatchState):
         override = self.__dict__.get("_anatomy")
         if override is not None:
             return override
-        from .hf_encoder_families import ANATOMIES
+        from attnprune.hosts.hf_encoder_families import ANATOMIES
 
         return ANATOMIES[self.family]
 
@@ -657,19 +657,16 @@ def _run(state: HFEncoderState, call: _Call, original, hidden_states, attention_
 
 
 def _rank_loss(call: _Call, attn: Tensor, mask: Tensor) -> None:
-    """Ranking distillation at the first cut (:mod:`attnprune.rank_distill`): the scorer's
-    attention, (B, H, 1, L) rows or (B, H, L, L), against the teacher's target, once per call."""
-    from ..methods.attention_mass import attention_received
-    from ..rank_distill import ranking_loss
+    """An auxiliary loss on the scorer's token distribution at the first cut, once per call:
+    ``call.rank`` is a callable ``(student (B, L), mask) -> loss`` handed in by the training
+    layer (ranking distillation, :mod:`attnprune.train.rank_distill`); the scorer's attention
+    is (B, H, 1, L) rows or (B, H, L, L)."""
+    from attnprune.methods.attention_mass import attention_received
 
-    target, weight = call.rank
+    loss_fn = call.rank
     call.rank = None
     student = attn[:, :, 0, :].mean(1) if attn.shape[-2] == 1 else attention_received(attn, mask)
-    if student.shape != target.shape:
-        raise ValueError(f"rank distillation: the target is {tuple(target.shape)} but the "
-                         f"scorer sees {tuple(student.shape)} tokens (one target per forward, "
-                         "for its own batch)")
-    call.aux_losses.append(weight * ranking_loss(student, target.to(student.device), mask))
+    call.aux_losses.append(loss_fn(student, mask))
 
 
 def _stats(kept: list, padded: list, real, n: int, times: dict | None) -> dict:
@@ -1016,7 +1013,7 @@ def _auto_output(model: nn.Module) -> str:
     kept tokens back to (B, L, d) would then be two (B, L, d) copies nobody reads. Any other
     model (the bare encoder, token classification, ...) gets "scatter", the stock shape.
     The heads are the family's ``cls_head`` in ``hf_attention.FAMILIES``."""
-    from .hf_attention import family
+    from attnprune.hosts.hf_attention import family
 
     # exact types: a subclass may read other positions
     return "short" if type(model).__name__ in family(model).cls_head else "scatter"

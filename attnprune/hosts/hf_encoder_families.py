@@ -229,8 +229,8 @@ def _deberta_soft_layer(layer, hidden, att, rel, rel_emb, soft):
     with a boolean (``masked_fill``), where an additive bias cannot enter, so this path takes
     the scores from :func:`hf_attention.deberta_terms` (the module's own projections and
     c2p/p2c) and adds the bias; the rest is the layer's own modules, in its order."""
-    from ..methods.crisp import fused_attention
-    from .hf_attention import deberta_terms
+    from attnprune.hosts.hf_attention import deberta_terms
+    from attnprune.methods.crisp import fused_attention
 
     sa = layer.attention.self
     if "forward" in sa.__dict__:  # an attention method stacked through hf_attention's adapter

@@ -46,8 +46,8 @@ import torch
 from torch import Tensor, nn
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-from . import register_host
-from .hf_causal import (
+from attnprune.hosts import register_host
+from attnprune.hosts.hf_causal import (
     CausalBlockLoop,
     CausalPatchState,
     _one_cache,

@@ -41,8 +41,8 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask
 
-from .hf_causal import _gpt2, cache_kwargs
-from .hf_llama import FAMILIES, _inner, family_of, sliding_window
+from attnprune.hosts.hf_causal import _gpt2, cache_kwargs
+from attnprune.hosts.hf_llama import FAMILIES, _inner, family_of, sliding_window
 
 __all__ = ["GPT2Decoder", "RotaryDecoder", "decoder_for"]
 

@@ -1,7 +1,7 @@
 """Method modules. Each file here registers its method(s) by name when imported.
 
 To add a method, create a file in this folder whose ``nn.Module`` is decorated with
-``@attnprune.registry.register(name, kind=...)``. Every module in the folder is imported
+``@attnprune.methods.registry.register(name, kind=...)``. Every module in the folder is imported
 by walking the package, so there is no central list to edit.
 """
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..registry import register
-from ..selection import topk_keep
-from .base import Selection, TokenMethod
+from attnprune.methods.base import Selection, TokenMethod
+from attnprune.methods.registry import register
+from attnprune.selection import topk_keep
 
 
 def attention_received(attn: Tensor, mask: Tensor, variant: str = "mean") -> Tensor:

@@ -34,7 +34,7 @@ one L2 norm on each unit's column a_u = ReLU(z_u) over the N real tokens of the 
 
 Its gradient a_u / ‖a_u‖₂ shrinks a unit's activations on all tokens together and is largest
 for units that are already weak, so whole units go to zero for every token; those units can be
-cut out of the weights (:mod:`attnprune.compact_ffn`) and the savings are real. Normalisation:
+cut out of the weights (:mod:`attnprune.deploy.compact_ffn`) and the savings are real. Normalisation:
 dividing by √N makes the term the sum over units of each unit's root-mean-square activation,
 independent of batch size and sequence length, and equal to the L1 term (mean over tokens of
 Σ_u a_tu) when every token has the same activations, so λ keeps the paper's range. (Dividing by
@@ -47,7 +47,7 @@ range (1e-6 … 1e-2). ``location`` selects both terms ("both"), attention only,
 (the paper's ablation); λ = 0 leaves the model's outputs and gradients stock.
 
 Savings: the penalty only makes activations sparse; dense kernels still multiply the zeros.
-:mod:`attnprune.sparse_ffn` turns FFN units that are off in a whole block of tokens into
+:mod:`attnprune.deploy.sparse_ffn` turns FFN units that are off in a whole block of tokens into
 skipped work (counted FLOPs and wall time) at inference.
 """
 
@@ -58,8 +58,14 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..registry import register
-from .crisp import allowed_keys, fused_attention, masked_scores, score_bias, softmax_rows
+from attnprune.methods.crisp import (
+    allowed_keys,
+    fused_attention,
+    masked_scores,
+    score_bias,
+    softmax_rows,
+)
+from attnprune.methods.registry import register
 
 LOCATIONS = ("both", "attention", "ffn")
 FFN_PENALTIES = ("l1", "group")

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..registry import register
+from attnprune.methods.registry import register
 
 S_MAX = 0.99  # never mask a whole row's worth of keys; k ≥ 1 is also enforced per row
 

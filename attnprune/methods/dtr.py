@@ -83,9 +83,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..registry import register
-from .base import Selection, TokenMethod
-from .ltp_causal import parse_layers
+from attnprune.methods.base import Selection, TokenMethod
+from attnprune.methods.ltp_causal import parse_layers
+from attnprune.methods.registry import register
 
 
 def default_dtr_layers(n_layers: int) -> list[int]:

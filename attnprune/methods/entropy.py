@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..registry import register
-from ..selection import entropy, gumbel_sigmoid, threshold_keep, topk_keep
-from .base import Selection, TokenMethod
+from attnprune.methods.base import Selection, TokenMethod
+from attnprune.methods.registry import register
+from attnprune.selection import entropy, gumbel_sigmoid, threshold_keep, topk_keep
 
 
 class _EntropyHead(TokenMethod):

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..registry import register
-from .base import Selection, TokenMethod
-from .dtr import DTR, default_dtr_layers
-from .ltp_causal import LTPCausal, parse_layers
+from attnprune.methods.base import Selection, TokenMethod
+from attnprune.methods.dtr import DTR, default_dtr_layers
+from attnprune.methods.ltp_causal import LTPCausal, parse_layers
+from attnprune.methods.registry import register
 
 
 @register("hybrid", kind="token", paper="token_pruning_bert_to_gpt2.txt (Hybrid: DTR 4, 8 + LTP 9–11)")

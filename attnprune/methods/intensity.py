@@ -41,8 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..registry import register
-from .crisp import (
+from attnprune.methods.crisp import (
     allowed_keys,
     fused_attention,
     masked_scores,
@@ -50,6 +49,7 @@ from .crisp import (
     score_terms,
     softmax_rows,
 )
+from attnprune.methods.registry import register
 
 POS_WEIGHT = 0.1  # eq. 3 of the paper
 

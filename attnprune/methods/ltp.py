@@ -36,10 +36,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..registry import register
-from ..selection import threshold_keep
-from .attention_mass import attention_received
-from .base import Selection, TokenMethod
+from attnprune.methods.attention_mass import attention_received
+from attnprune.methods.base import Selection, TokenMethod
+from attnprune.methods.registry import register
+from attnprune.selection import threshold_keep
 
 
 def _all_ranks(vals: torch.Tensor) -> torch.Tensor:

@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..registry import register
-from .base import Selection, TokenMethod
+from attnprune.methods.base import Selection, TokenMethod
+from attnprune.methods.registry import register
 
 
 def parse_layers(layers, n_layers: int, default: list[int], name: str = "layers") -> tuple[int, ...]:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import register
-from ..selection import topk_keep
-from .base import Selection, TokenMethod
+from attnprune.methods.base import Selection, TokenMethod
+from attnprune.methods.registry import register
+from attnprune.selection import topk_keep
 
 
 @register("random", kind="token", paper="entropy_guided_token_pruning.txt §5 (control)")

@@ -1,0 +1,319 @@
+"""Configs: frozen dataclasses, filled from a YAML file and ``--key value`` overrides.
+
+Every command owns one frozen dataclass (``SyntheticConfig``, ``FinetuneConfig``, …). This
+module turns a YAML file plus command-line overrides into an instance, rejecting unknown keys
+and values of the wrong type with a message naming the field, before any work starts (timm's
+resolved ``args.yaml``). Validation of ranges lives in each config's ``__post_init__``.
+
+Written by hand: argparse does not know dataclasses, and the well-kept alternatives (hydra,
+omegaconf, simple-parsing) would be a framework for a few dozen lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+__all__ = ["RUN_CONTROL_KEYS", "CommandLine", "ConfigError", "check_training_fields",
+           "config_differences", "dump_yaml", "load_config", "parse_command_line",
+           "parse_overrides", "read_yaml", "to_dict"]
+
+# Options that steer how a command runs, not what it computes: a re-run into a results folder
+# may change them (pareto's ``--phase summary``, the attention sweeps' ``--tabulate-only``, the
+# progress bars), and they are not taken over from the folder's config.yaml.
+RUN_CONTROL_KEYS = frozenset({"progress", "phase", "tabulate_only"})
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the field."""
+
+
+def parse_overrides(args: list[str]) -> dict[str, str | bool]:
+    """``["--keep-ratio", "0.5", "--quick"]`` → ``{"keep_ratio": "0.5", "quick": True}``.
+
+    ``--key=value`` works too; a flag without a value is True. Dashes become underscores.
+    """
+    out: dict[str, str | bool] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("--") or a == "--":
+            raise ConfigError(f"unexpected argument {a!r}: options are --key value")
+        key = a[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+            i += 1
+        elif i + 1 < len(args) and not (args[i + 1].startswith("--") and len(args[i + 1]) > 2):
+            value = args[i + 1]
+            i += 2
+        else:
+            value = True
+            i += 1
+        out[key.replace("-", "_")] = value
+    return out
+
+
+def _coerce(name: str, tp: Any, value: Any) -> Any:
+    """Convert ``value`` (from YAML or the command line) to the annotated type ``tp``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
+        if is_none and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(name, a, value)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{name}: bad value {value!r}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{name}: must be one of {', '.join(map(repr, args))}, got {value!r}")
+        return value
+    if origin in (tuple, list):
+        if isinstance(value, str):
+            text = value.strip()
+            value = yaml.safe_load(text) if text.startswith("[") else [v for v in text.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        inner = args[0] if args else Any
+        items = [_coerce(f"{name}[{i}]", inner, v) for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{name}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{name}: expected an integer, got {value!r}")
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected an integer, got {value!r}") from None
+        if f != int(f):
+            raise ConfigError(f"{name}: expected an integer, got {value!r}")
+        return int(f)
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{name}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected a number, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{name}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """A YAML mapping from ``path``; ConfigError names the problem (missing, not YAML, not a mapping)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config: file not found: {p}")
+    try:
+        loaded = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config: {p} is not valid YAML: {e}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config: {p} must hold a mapping of key: value")
+    return loaded
+
+
+def load_config(cls: type[T], path: str | os.PathLike | None = None,
+                overrides: dict[str, Any] | list[str] | None = None) -> T:
+    """Build ``cls`` from the YAML file ``path`` (optional) and ``overrides``.
+
+    Unknown keys, wrong types and a missing file raise :class:`ConfigError` naming the field.
+    Range checks run in ``cls.__post_init__`` (their ValueError is re-raised as ConfigError).
+    """
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls} is not a dataclass")
+    data: dict[str, Any] = read_yaml(path) if path is not None else {}
+    if isinstance(overrides, list):
+        overrides = parse_overrides(overrides)
+    data.update(overrides or {})
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise ConfigError(
+            f"{unknown[0]}: unknown key for {cls.__name__}; known keys: {', '.join(sorted(fields))}"
+        )
+    values = {k: _coerce(k, hints[k], v) for k, v in data.items()}
+    try:
+        return cls(**values)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def check_training_fields(cfg: Any) -> None:
+    """The range checks every fine-tuning experiment config shares: ``max_train``,
+    ``max_eval`` and ``threads`` (None or >= 1), ``lr`` (> 0), ``mixed_precision`` (if the
+    config has it) and ``seeds`` (at least one). Call from ``__post_init__``."""
+    for name in ("max_train", "max_eval", "threads"):
+        v = getattr(cfg, name)
+        if v is not None and v < 1:
+            raise ValueError(f"{name}: must be >= 1, got {v}")
+    if cfg.lr <= 0:
+        raise ValueError(f"lr: must be > 0, got {cfg.lr}")
+    mp = getattr(cfg, "mixed_precision", "no")
+    if mp not in ("no", "bf16", "auto"):
+        raise ValueError(f"mixed_precision: 'no', 'bf16' or 'auto' (quote \"no\" in YAML), "
+                         f"got {mp!r}")
+    if not cfg.seeds:
+        raise ValueError("seeds: give at least one seed")
+
+
+def to_dict(cfg: Any) -> dict:
+    """A plain dict of a config (tuples as lists), for YAML and JSON."""
+    d = dataclasses.asdict(cfg)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+def dump_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def config_differences(saved: dict[str, Any], cfg: Any) -> dict[str, tuple[Any, Any]]:
+    """``{key: (saved value, cfg's value)}`` for the keys of the config ``cfg`` whose value
+    differs from ``saved`` (a results folder's config.yaml), :data:`RUN_CONTROL_KEYS` aside.
+    Values are compared as YAML writes and reads them (tuples as lists); a key the saved file
+    lacks (a folder from before the key existed) counts as its default."""
+    now = yaml.safe_load(dump_yaml(cfg))
+    out = {}
+    for f in dataclasses.fields(cfg):
+        if f.name not in now or f.name in RUN_CONTROL_KEYS:
+            continue
+        if f.name in saved:
+            old = saved[f.name]
+        elif f.default is not dataclasses.MISSING:
+            old = yaml.safe_load(yaml.safe_dump(_yaml_value(f.default)))
+        elif f.default_factory is not dataclasses.MISSING:
+            old = yaml.safe_load(yaml.safe_dump(_yaml_value(f.default_factory())))
+        else:
+            old = None  # a required field the folder lacks: it differs from any value given
+        if old != now[f.name]:
+            out[f.name] = (old, now[f.name])
+    return out
+
+
+def _yaml_value(v: Any) -> Any:
+    """One value as :func:`to_dict` writes it (tuples as lists)."""
+    return list(v) if isinstance(v, tuple) else v
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandLine:
+    """What every command shares: its config, the results folder and the run flags."""
+
+    config: Any
+    out: Path
+    exact_out: bool  # write into ``out`` itself (resume) rather than a new timestamped folder
+    config_path: str | None
+
+
+def _option_text(v: Any) -> str:
+    """A default as it is typed on the command line: ``0.3,0.5`` for a tuple, ``none``,
+    ``true``, JSON for a mapping."""
+    import json
+
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (tuple, list)):
+        return ",".join(_option_text(x) for x in v) or "(none)"
+    if isinstance(v, dict):
+        return json.dumps(v)
+    return str(v)
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """``{field: its end-of-line comment}`` from the class source (the comments are the
+    fields' documentation); empty when the source cannot be read."""
+    import inspect
+    import re
+
+    try:
+        src = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    out = {}
+    for m in re.finditer(r"^\s+(\w+): [^=\n]+(?:=[^#\n]*)?#\s*(.+)$", src, re.MULTILINE):
+        out.setdefault(m.group(1), m.group(2).strip())
+    return out
+
+
+def print_help(doc: str | None, cls: type) -> None:
+    """A command's ``--help``: its module docstring, then every option of its config dataclass
+    ``cls`` with its default (as typed on the command line) and its comment."""
+    print(doc)
+    print("options (--key value; every option also reads from --config FILE.yaml):")
+    notes = _field_comments(cls)
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        note = notes.get(f.name, "")
+        line = f"  --{f.name.replace('_', '-'):<22} (default {_option_text(default)})"
+        print(f"{line}  {note}" if note else line)
+
+
+def parse_command_line(argv: list[str], cls: type[T], default_out: str = "results",
+                       defaults: dict[str, Any] | None = None) -> CommandLine:
+    """Parse ``[--config FILE] [--key value ...] [--out DIR] [--exact-out]`` into a config.
+
+    ``--out DIR`` that already holds a ``config.yaml`` is a results folder: the run resumes
+    in it (finished runs are skipped), with the folder's options as the base, so ``--out DIR``
+    alone resumes it (an option that differs from the folder's is refused when the folder is
+    opened, :meth:`attnprune.runs.results.ResultsDir.start`; :data:`RUN_CONTROL_KEYS` are not taken
+    over). Otherwise a new timestamped folder is made inside ``DIR``, unless ``--exact-out`` is
+    given. ``defaults`` (e.g. a preset) sit under the folder's options, the file and the
+    overrides.
+    """
+    if "--help" in argv or "-h" in argv:  # a command run as ``python -m`` documents itself too
+        print_help(sys.modules[cls.__module__].__doc__, cls)
+        raise SystemExit(0)
+    opts = parse_overrides(argv)
+    config_path = opts.pop("config", None)
+    if config_path is True:
+        raise ConfigError("config: --config needs a file path")
+    out = opts.pop("out", default_out)
+    if out is True:
+        raise ConfigError("out: --out needs a folder path")
+    exact = opts.pop("exact_out", False)
+    if exact not in (True, False):
+        exact = _coerce("exact_out", bool, exact)
+    merged = dict(defaults or {})
+    out_path = Path(str(out))
+    resuming = (out_path / "config.yaml").is_file()
+    if resuming:
+        fields = {f.name for f in dataclasses.fields(cls) if f.init}
+        merged.update({k: v for k, v in read_yaml(out_path / "config.yaml").items()
+                       if k in fields and k not in RUN_CONTROL_KEYS})
+    if config_path is not None:
+        merged.update(read_yaml(str(config_path)))
+    merged.update(opts)
+    cfg = load_config(cls, None, merged)
+    if resuming:
+        exact = True
+    return CommandLine(cfg, out_path, bool(exact), None if config_path is None else str(config_path))

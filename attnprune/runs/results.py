@@ -1,0 +1,209 @@
+"""The results folder (contract in DESIGN.md): atomic writes, resume, summary.json.
+
+    out/<command>-<timestamp>/        (or exactly ``out`` with ``exact=True``)
+        config.yaml  summary.json  metrics.csv  *.npy  *.png  report.html
+        runs/<key>.json               one finished (method, seed) run each: the resume marker
+        predictions/<label>__seed<N>.npz   per-example y_true, y_pred, scores (for compare)
+
+Every file is written to a temporary name in the same folder and renamed into place, so an
+interrupted run never leaves a half-written file; a rerun with the same folder skips the
+runs whose marker exists, and is refused if its options differ from the folder's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import math
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ResultsDir", "atomic_write_bytes", "atomic_write_text", "make_run_dir"]
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if hasattr(x, "item") and callable(x.item) and getattr(x, "ndim", 1) == 0:
+        return x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None  # JSON has no NaN/inf; None marks "undefined"
+    return x
+
+
+def make_run_dir(out: str | os.PathLike, command: str, exact: bool = False) -> Path:
+    """``out/<command>-<YYYYmmdd-HHMMSS>`` (new), or ``out`` itself with ``exact=True``
+    (which is how a run is resumed)."""
+    out = Path(out)
+    if exact:
+        out.mkdir(parents=True, exist_ok=True)
+        return out
+    slug = re.sub(r"[^a-z0-9]+", "-", command.lower()).strip("-")
+    path = out / f"{slug}-{time.strftime('%Y%m%d-%H%M%S')}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = out / f"{slug}-{time.strftime('%Y%m%d-%H%M%S')}-{n}"
+    path.mkdir(parents=True)
+    return path
+
+
+class ResultsDir:
+    """Atomic writers and the resume markers of one results folder.
+
+    ``writer=False``: the writers do nothing (and the folder is not created), for the
+    processes other than process 0 of a multi-process run, which compute the same results
+    (see :mod:`attnprune.runs.distributed`)."""
+
+    def __init__(self, path: str | os.PathLike, writer: bool = True) -> None:
+        self.path = Path(path)
+        self.writer = writer
+        if writer:
+            self.path.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def start(cls, out: str | os.PathLike, command: str, exact: bool, config: Any) -> ResultsDir:
+        """Make (or reopen, with ``exact``) the results folder of ``command``, write its
+        resolved ``config.yaml`` and say where it is: the opening every command shares.
+
+        Reopening a folder that has a ``config.yaml`` resumes it: its finished runs are kept,
+        so ``config`` must be the folder's (:meth:`check_resume`, before any work), and its
+        config.yaml stays as it is."""
+        from attnprune.runs.config import dump_yaml
+
+        resuming = exact and (Path(out) / "config.yaml").is_file()
+        if resuming:
+            cls.check_resume(out, config)
+        results = cls(make_run_dir(out, command, exact))
+        if not resuming:
+            results.write_text("config.yaml", dump_yaml(config))
+        print(f"results: {results.path}")
+        return results
+
+    @staticmethod
+    def check_resume(path: str | os.PathLike, config: Any) -> None:
+        """Refuse to resume the results folder ``path`` with options other than those in its
+        config.yaml (ConfigError naming each differing key, old → new): its finished runs
+        would be skipped and the new options written over theirs, mislabelling them."""
+        from attnprune.runs.config import ConfigError, config_differences, read_yaml
+
+        diff = config_differences(read_yaml(Path(path) / "config.yaml"), config)
+        if diff:
+            keys = "; ".join(f"{k}: {old!r} → {new!r}" for k, (old, new) in diff.items())
+            raise ConfigError(f"out: {path} holds results of a different config (differing "
+                              f"keys: {keys}); rerun with the folder's options (--out alone) "
+                              "to resume, or give a new --out")
+
+    # -- writers ---------------------------------------------------------------------------
+    def _write_bytes(self, name: str, data: bytes) -> Path:
+        """Every writer ends here: one place where a non-writing process skips the write."""
+        if not self.writer:
+            return self.path / name
+        return atomic_write_bytes(self.path / name, data)
+
+    def write_text(self, name: str, text: str) -> Path:
+        return self._write_bytes(name, text.encode("utf-8"))
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        return self.write_text(name, json.dumps(_jsonable(obj), indent=2) + "\n")
+
+    def read_json(self, name: str) -> Any:
+        return json.loads((self.path / name).read_text())
+
+    def write_npy(self, name: str, array: np.ndarray) -> Path:
+        buf = io.BytesIO()
+        np.save(buf, np.asarray(array), allow_pickle=False)
+        return self._write_bytes(name, buf.getvalue())
+
+    def write_npz(self, name: str, **arrays: np.ndarray) -> Path:
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **{k: np.asarray(v) for k, v in arrays.items()})
+        return self._write_bytes(name, buf.getvalue())
+
+    def write_csv(self, name: str, rows: list[dict]) -> Path:
+        buf = io.StringIO()
+        fields: list[str] = []
+        for r in rows:
+            fields += [k for k in r if k not in fields]
+        w = csv.DictWriter(buf, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _jsonable(v) for k, v in r.items()})
+        return self.write_text(name, buf.getvalue())
+
+    def save_figure(self, name: str, fig) -> Path:
+        """Save a matplotlib figure atomically as PNG and close it."""
+        import matplotlib.pyplot as plt
+
+        buf = io.BytesIO()
+        if self.writer:
+            fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        return self._write_bytes(name, buf.getvalue())
+
+    # -- resume ----------------------------------------------------------------------------
+    @staticmethod
+    def _key(key: str) -> str:
+        return re.sub(r"[^A-Za-z0-9_.=-]+", "_", key)
+
+    def exists(self, name: str) -> bool:
+        """Whether the folder holds the file ``name`` (e.g. a result kept from an earlier run)."""
+        return (self.path / name).is_file()
+
+    def run_done(self, key: str) -> bool:
+        return (self.path / "runs" / f"{self._key(key)}.json").is_file()
+
+    def load_run(self, key: str) -> dict:
+        return json.loads((self.path / "runs" / f"{self._key(key)}.json").read_text())
+
+    def save_run(self, key: str, record: dict) -> Path:
+        """Mark (method, seed) run ``key`` finished with its record (written last, atomically)."""
+        return self.write_json(f"runs/{self._key(key)}.json", record)
+
+    def save_predictions(self, label: str, seed: int, y_true, y_pred, scores=None) -> Path:
+        """Per-example labels and predictions: class ids as int64, real-valued ones (the targets
+        and outputs of a regression) as float64, so they are not truncated to integers."""
+        def arr(x):
+            a = np.asarray(x)
+            return a.astype(np.float64 if np.issubdtype(a.dtype, np.floating) else np.int64)
+
+        arrays = {"y_true": arr(y_true), "y_pred": arr(y_pred)}
+        if scores is not None:
+            arrays["scores"] = np.asarray(scores, dtype=np.float64)
+        return self.write_npz(f"predictions/{self._key(label)}__seed{int(seed)}.npz", **arrays)

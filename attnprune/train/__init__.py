@@ -1,0 +1,7 @@
+"""The training layer: the one training loop (``fit``), ranking distillation, the schedule
+search under a FLOPs budget and the layer-drop baselines. It imports the library below it
+(``attnprune.api``, ``hosts``, ``methods``, ``measure``) and nothing above it."""
+
+from attnprune.train.loop import fit
+
+__all__ = ["fit"]

@@ -1,0 +1,224 @@
+"""The tree tells the architecture (docs/architecture.md): layers import downwards only, no
+import circle, a small top level, and the old import paths of moved modules still work.
+
+The graph is read from the source (every ``import`` statement, function-level ones included),
+so a lazy import that crosses a layer is caught as well as a top-level one."""
+
+import ast
+import importlib
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "attnprune"
+
+# layer of a module: the longest matching prefix wins. Higher numbers may import lower ones.
+LAYERS = {
+    "attnprune": 0, "attnprune.api": 0, "attnprune.selection": 0, "attnprune.measure": 0,
+    "attnprune.prefill": 0, "attnprune.methods": 0, "attnprune.hosts": 0, "attnprune.deploy": 0,
+    "attnprune.train": 1,
+    "attnprune.runs": 2,
+    "attnprune.bench": 3, "attnprune.research": 3,
+    # the command-line dispatcher sits above everything: it imports the commands by name
+    "attnprune.cli": 4, "attnprune.__main__": 4,
+}
+LAYER_NAMES = {0: "library", 1: "training", 2: "run", 3: "bench/research", 4: "command line"}
+# inside the library: a method never imports a host; selection and measure are leaves
+INNER = {
+    "attnprune.methods": ("attnprune.methods", "attnprune.selection"),
+    "attnprune.selection": (),
+    "attnprune.measure": (),
+}
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def source_modules(root: Path = ROOT) -> dict[str, Path]:
+    return {module_name(p, root): p for p in root.rglob("*.py")
+            if "_deprecated" not in p.relative_to(root).parts}
+
+
+def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
+    """The attnprune modules ``path`` imports (``from pkg import sub`` counts as ``pkg.sub``
+    when that is a module, else as ``pkg``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
+                       for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t == "attnprune" or t.startswith("attnprune."))
+    return found
+
+
+def graph(root: Path = ROOT) -> dict[str, set[str]]:
+    mods = source_modules(root)
+    return {m: imports_of(p, m, set(mods)) - {m} for m, p in mods.items()}
+
+
+def packages(root: Path = ROOT) -> set[str]:
+    return {module_name(p, root) for p in root.rglob("__init__.py")}
+
+
+def layer(module: str) -> int:
+    best = max((k for k in LAYERS if module == k or module.startswith(k + ".")), key=len)
+    return LAYERS[best]
+
+
+def layer_violations(g: dict[str, set[str]]) -> list[str]:
+    out = []
+    for m, targets in sorted(g.items()):
+        for t in sorted(targets):
+            if layer(t) > layer(m):
+                out.append(f"{m} ({LAYER_NAMES[layer(m)]}) imports {t} "
+                           f"({LAYER_NAMES[layer(t)]})")
+            for prefix, allowed in INNER.items():
+                if (m == prefix or m.startswith(prefix + ".")) and t != "attnprune" and not any(
+                        t == a or t.startswith(a + ".") for a in allowed):
+                    out.append(f"{m} may import only {allowed or 'nothing of attnprune'}, "
+                               f"imports {t}")
+    return out
+
+
+def circles(g: dict[str, set[str]], root: Path = ROOT) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan). An edge to a package
+    ``__init__`` that re-exports the importer (``attnprune`` → ``api`` → ``attnprune``) is not
+    a circle: it is the package reading its own public names, so edges to bare package names
+    are left out."""
+    pkgs = packages(root)
+    edges = {m: {t for t in ts if t in g and t not in pkgs} for m, ts in g.items()}
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_library_imports_no_layer_above_it():
+    assert layer_violations(graph()) == []
+
+
+def test_no_import_circle():
+    assert circles(graph()) == []
+
+
+def test_every_import_names_a_module_that_exists_at_its_new_path():
+    """Code inside the package never goes through an old (deprecated) path."""
+    g = graph()
+    known = set(g)
+    stale = sorted(f"{m} imports {t}" for m, ts in g.items() for t in ts if t not in known)
+    assert stale == []
+
+
+def test_the_checks_see_a_planted_upward_import_and_a_circle(tmp_path):
+    pkg = tmp_path / "attnprune"
+    for rel, text in {
+        "__init__.py": "",
+        "api.py": "from attnprune.research import finetune\n",
+        "methods/__init__.py": "",
+        "methods/a.py": "def f():\n    from attnprune.hosts import x\n",
+        "hosts/__init__.py": "",
+        "hosts/x.py": "from attnprune.hosts import y\n",
+        "hosts/y.py": "import attnprune.hosts.x\n",
+        "research/__init__.py": "",
+        "research/finetune.py": "",
+    }.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    g = graph(pkg)
+    bad = layer_violations(g)
+    assert any("attnprune.api (library) imports attnprune.research.finetune" in b for b in bad)
+    assert any(b.startswith("attnprune.methods.a may import only") for b in bad)
+    assert circles(g, pkg) == [["attnprune.hosts.x", "attnprune.hosts.y"]]
+
+
+def test_top_level_has_at_most_15_entries():
+    entries = sorted(p.name for p in ROOT.iterdir() if p.name != "__pycache__")
+    assert len(entries) <= 15, entries
+
+
+def test_import_attnprune_loads_only_the_library():
+    code = ("import sys, attnprune; print(' '.join(sorted(m for m in sys.modules "
+            "if m.startswith('attnprune'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.split()
+    above = [m for m in out if layer(m) > 0]
+    assert "attnprune.api" in out and above == []
+
+
+@pytest.mark.parametrize("old, new", [
+    ("attnprune.stats", "attnprune.runs.stats"),
+    ("attnprune.registry", "attnprune.methods.registry"),
+    ("attnprune.finetune", "attnprune.research.finetune"),
+    ("attnprune.experiments.passkey", "attnprune.research.experiments.passkey"),
+    ("attnprune.data.text", "attnprune.research.data.text"),
+])
+def test_old_paths_are_the_new_module_with_a_deprecation_warning(old, new):
+    code = (f"import warnings, sys\nwarnings.simplefilter('always')\n"
+            f"with warnings.catch_warnings(record=True) as w:\n"
+            f"    import {old} as o\n"
+            f"import {new} as n\n"
+            f"assert o is n, (o, n)\n"
+            f"assert sys.modules['{old}'] is n\n"
+            f"assert any(issubclass(x.category, DeprecationWarning) and '{new}' in str(x.message)"
+            f" for x in w), [str(x.message) for x in w]\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_old_package_path_reads_the_new_packages_names():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old = importlib.import_module("attnprune.synthetic")
+    from attnprune.research.synthetic import run
+
+    assert old.run is run
+
+
+def test_python_dash_m_runs_an_old_path(tmp_path):
+    r = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-m",
+                        "attnprune.research.data.long_text"], capture_output=True, text=True,
+                       timeout=120, check=False)
+    old = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-m",
+                          "attnprune.data.long_text"], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert old.returncode == r.returncode
+    assert old.stdout == r.stdout
