@@ -15,8 +15,14 @@ Importing the package has no side effects: no threads set, no files written, no 
 
 import os as _os
 
-from attnprune.api import (UntrainedMethodWarning, aux_loss, list_methods, patch, patch_state,
-                           unpatch)
+from attnprune.api import (
+                           UntrainedMethodWarning,
+                           aux_loss,
+                           list_methods,
+                           patch,
+                           patch_state,
+                           unpatch,
+)
 from attnprune.deploy import quantize_int8, sparse_ffn
 from attnprune.deploy.hub import from_pretrained, save_pretrained
 
