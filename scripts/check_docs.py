@@ -325,7 +325,7 @@ CONFIGS: dict[tuple[str, ...], tuple[str, set[str]]] = {
     ("bench", "attention"): ("attnprune.bench.attention:BenchAttentionConfig", set()),
     ("bench", "lm"): ("attnprune.bench.lm:BenchLMConfig", set()),
     ("bench", "flex"): ("attnprune.bench.flex:BenchFlexConfig", set()),
-    ("bench", "sparse-ffn"): ("attnprune.deploy.sparse_ffn:BenchConfig", set()),
+    ("bench", "sparse-ffn"): ("attnprune.bench.sparse_ffn:BenchConfig", set()),
 }
 COMMON = {"config", "out", "exact_out", "help"}  # read by parse_command_line itself
 POSITIONAL_ONLY = {("report",), ("methods",)}
