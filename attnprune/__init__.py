@@ -8,6 +8,7 @@
     attnprune.unpatch(model)
     attnprune.list_methods()
     q = attnprune.quantize_int8(model)   # dynamic int8 of the Linear layers, patch kept
+    fast = attnprune.compile(model, lengths=(128, 256, 512))  # torch.compile per input bucket
     attnprune.sparse_ffn.apply(model)    # inference: FFN units off in a block of tokens skipped
 
 Importing the package has no side effects: no threads set, no files written, no network.
@@ -24,6 +25,7 @@ from attnprune.api import (
                            unpatch,
 )
 from attnprune.deploy import quantize_int8, sparse_ffn
+from attnprune.deploy.compiled import compile
 from attnprune.deploy.hub import from_pretrained, save_pretrained
 
 # Modules that moved in 0.2 keep their old import paths until 0.3, with a DeprecationWarning
@@ -31,5 +33,5 @@ from attnprune.deploy.hub import from_pretrained, save_pretrained
 __path__.append(_os.path.join(_os.path.dirname(__file__), "_deprecated"))
 
 __version__ = "0.1.0"
-__all__ = ["UntrainedMethodWarning", "__version__", "aux_loss", "from_pretrained", "list_methods",
+__all__ = ["UntrainedMethodWarning", "__version__", "aux_loss", "compile", "from_pretrained", "list_methods",
            "patch", "patch_state", "quantize_int8", "save_pretrained", "sparse_ffn", "unpatch"]

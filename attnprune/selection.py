@@ -17,6 +17,7 @@ Conventions:
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import NamedTuple
 
 import torch
@@ -51,19 +52,25 @@ def budget(n_tokens: Tensor | int, keep_ratio: float, minimum: int = 1) -> Tenso
     """k = ⌊ρ·n⌋ per example, at least ``minimum`` (a sequence never loses all its tokens).
 
     ``n_tokens`` is the count of real (non-padding) tokens per example; a row with no real
-    tokens gets k = 0. A small epsilon guards ⌊0.5·64⌋ against float error (0.5*64 = 32.0 exactly,
-    but 0.7*10 = 6.999…).
+    tokens gets k = 0. ρ is taken as the exact fraction it denotes (0.7·10 = 7, where floats
+    give 6.999…).
     """
-    n = torch.as_tensor(n_tokens)
-    # ρ as a float64 tensor, not a Python float: an ONNX export turns a Python scalar into a
-    # float32 constant (0.7 → 0.69999999), and ⌊10·ρ⌋ became 6 instead of 7. A 0-dim CPU
-    # tensor: it enters a CUDA kernel as a scalar argument, where one made on the device is a
-    # host-to-device copy, which waits for the device (seen on an H200 under
-    # torch.cuda.set_sync_debug_mode("error")).
-    rho = torch.tensor(keep_ratio, dtype=torch.float64)
-    k = torch.floor(n.to(torch.float64) * rho + 1e-9).to(torch.long)
+    n = torch.as_tensor(n_tokens).to(torch.long)
+    # ρ as an exact fraction p/q of Python ints, k = ⌊n·p/q⌋ in int64: no float rounding (an
+    # ONNX export turns a Python float into a float32 constant: 0.7 → 0.69999999, ⌊10·ρ⌋ = 6)
+    # and no tensor made here (a 0-dim CPU tensor in a CUDA graph keeps CUDA graphs from
+    # capturing it; one made on the device is a copy that waits for the device). q ≤ 2^30
+    # keeps n·p in int64 for n < 2^33; a ratio with a short decimal form (0.35) is exact.
+    p, q = _fraction(keep_ratio)
+    k = torch.div(n * p, q, rounding_mode="floor")
     k = torch.clamp(k, min=minimum)
-    return torch.minimum(k, n.to(torch.long))
+    return torch.minimum(k, n)
+
+
+def _fraction(ratio: float, max_denominator: int = 1 << 30) -> tuple[int, int]:
+    """``ratio`` as p/q with q ≤ ``max_denominator`` (0.7 → 7/10, 1/3 → 1/3)."""
+    f = Fraction(ratio).limit_denominator(max_denominator)
+    return f.numerator, f.denominator
 
 
 def topk_keep(
