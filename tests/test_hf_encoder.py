@@ -348,3 +348,46 @@ def test_auto_output_skips_scatter_only_for_cls_heads(kind):
         assert outs["auto"].shape == (*ids.shape, 32)
     with pytest.raises(ValueError, match="output"):
         attnprune.patch(model, "attention_mass", output="long")
+
+
+def _raise_in_embeddings(model, ids):
+    """A forward that fails after the model's entry: a hook raising in the embeddings."""
+    def boom(*_):
+        raise RuntimeError("embeddings failed")
+
+    handle = model.bert.embeddings.register_forward_hook(boom)
+    try:
+        model(input_ids=ids)
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("failure", ["ids out of the vocabulary", "hook in the embeddings"])
+def test_a_failed_forward_leaves_nothing_for_the_next(failure):
+    """A forward that raises after the model's entry (its token ids already taken) must not
+    hand them to the next call: a call through ``model.bert`` (no entry hook of its own)
+    scored separators with the failed call's ids (kept [16, 16, 16, 16], another output,
+    where a clean call keeps [16, 4, 4, 4])."""
+    model = make("bert")
+    attnprune.patch(model, "attention_mass", keep_ratio=0.25, after_layer=1,
+                    protect_token_ids=[7])
+    state = attnprune.patch_state(model)
+    ids = torch.randint(10, 100, (1, 16), generator=torch.Generator().manual_seed(2))
+    bad = torch.full((1, 16), 7)  # every token a protected id: a stale read keeps them all
+
+    def clean():
+        with torch.no_grad():
+            out = model.bert(input_ids=ids).last_hidden_state
+        return out, state.stats["kept_per_layer"]
+
+    ref, kept = clean()
+    assert kept == [16.0, 4.0, 4.0, 4.0]
+    with pytest.raises((IndexError, RuntimeError)), torch.no_grad():
+        if failure == "ids out of the vocabulary":
+            bad[0, 5] = 1000
+            model(input_ids=bad)
+        else:
+            _raise_in_embeddings(model, bad)
+    out, kept_after = clean()
+    assert kept_after == kept
+    assert torch.equal(out, ref)

@@ -147,3 +147,75 @@ def test_fit_and_pareto_refuse_what_they_cannot_do():
     point = cfg.points()[-1]
     assert point["label"] == "attention_mass:mean@0.25/L1/rank0.5"
     assert point["rank_distill"] == 0.5
+
+
+def test_ranking_loss_is_kl_of_the_target_to_the_student():
+    """KL(t ‖ s) = Σ t log(t / s), the direction of the docstring (the teacher's mass where the
+    student puts little costs most), checked against torch's own kl_div; the reverse
+    direction gives another number here."""
+    t = torch.tensor([[0.7, 0.2, 0.1, 0.0]])
+    s = torch.tensor([[0.02, 0.38, 0.6, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    want = torch.nn.functional.kl_div(s[:, :3].log(), t[:, :3], reduction="sum")
+    reverse = torch.nn.functional.kl_div(t[:, :3].log(), s[:, :3], reduction="sum")
+    assert abs(float(want) - float(reverse)) > 0.1
+    torch.testing.assert_close(ranking_loss(s, t, mask), want)
+
+
+def test_rank_target_adds_its_loss_to_the_next_forward_only():
+    model = _bert()
+    attnprune.patch(model, "attention_mass", keep_ratio=0.5, after_layer=1)
+    ids, mask = _batch()
+    t = torch.rand(3, 20) * mask
+    t = t / t.sum(1, keepdim=True)
+    model.train()
+    with rank_target(model, t, 1.0):
+        model(input_ids=ids, attention_mask=mask)
+        assert attnprune.aux_loss(model) is not None
+        model(input_ids=ids, attention_mask=mask)  # a second forward in the block: no target
+        assert attnprune.aux_loss(model) is None
+
+
+@pytest.mark.parametrize("method", ["entropy", "random"])
+def test_methods_that_read_no_attention_are_refused(method):
+    """Their scorer has no attention for the loss to act on: the host never added it, and
+    training ran without the distillation, silently."""
+    model = _bert()
+    attnprune.patch(model, method, keep_ratio=0.5, after_layer=1)
+    with pytest.raises(ValueError, match="scores by attention"), \
+            rank_target(model, torch.ones(3, 20), 1.0):
+        pass
+    with pytest.raises(ValueError, match="scores by attention"):
+        fit(model, [], teacher=_bert(seed=3), rank_distill=1.0, progress=False)
+
+
+def test_fit_takes_the_teacher_target_from_the_layers_after_the_cut(monkeypatch):
+    """after_layer=2: the scorer reads layer index 1, so the target is the attention received
+    in the teacher's layers 2 and 3 (not 1), averaged as teacher_importance's docstring says."""
+    import attnprune.train.rank_distill as rd
+
+    teacher = _bert(seed=3)
+    student = copy.deepcopy(teacher)
+    attnprune.patch(student, "attention_mass", keep_ratio=0.5, after_layer=2)
+    ids, mask = _batch(B=4, seed=4)
+    rows = [{"input_ids": ids[i], "attention_mask": mask[i], "labels": torch.tensor(i % 2)}
+            for i in range(4)]
+    seen = []
+    real_rank_target = rd.rank_target
+
+    def spy(model, target, weight):
+        seen.append(target)
+        return real_rank_target(model, target, weight)
+
+    monkeypatch.setattr(rd, "rank_target", spy)
+    fit(student, DataLoader(rows, batch_size=4), teacher=copy.deepcopy(teacher),
+        rank_distill=1.0, progress=False, lr=0.0)
+    eager = copy.deepcopy(teacher)
+    eager.set_attn_implementation("eager")
+    with torch.no_grad():
+        att = eager(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    m = mask.float()
+    want = sum(torch.einsum("bhij,bi->bj", a, m) / (a.shape[1] * m.sum(1)[:, None])
+               for a in att[2:]) * m
+    assert len(seen) == 1
+    torch.testing.assert_close(seen[0], want / want.sum(1, keepdim=True))

@@ -86,3 +86,41 @@ def test_bad_input_is_refused():
         search_schedule(_bert(), _batches(), 0.5, levels=[0.5, 0.25])
     with pytest.raises(ValueError, match="batches"):
         search_schedule(_bert(), [], 0.5)
+
+
+def test_a_patched_model_is_searched_against_its_full_model():
+    """The reference is the unpatched model: searching a patched one gives the unpatched
+    model's result (it gave [1.0, 1.0, 1.0], FLOPs 1.0: a pruned reference makes every
+    candidate save nothing), and the caller's patch stays as it was."""
+    want = search_schedule(_bert(), _batches(), 0.5, levels=LEVELS)
+    model = _bert()
+    attnprune.patch(model, "attention_mass", keep_ratio=0.5, after_layer=1)
+    state = attnprune.patch_state(model)
+    found = search_schedule(model, _batches(), 0.5, levels=LEVELS)
+    assert found["reached"] and found["schedule"] == want["schedule"] != [1.0, 1.0, 1.0]
+    assert found["flops"] == pytest.approx(want["flops"], rel=1e-9)
+    assert found["kl"] == pytest.approx(want["kl"], rel=1e-6)
+    assert attnprune.patch_state(model) is state and state.schedule[0] == 0.5
+
+
+def test_the_callers_model_never_runs():
+    """The search runs on a copy: the model given is never called, and keeps its mode."""
+    model = _bert().train()
+    ran = []
+    model.register_forward_pre_hook(lambda mod, args: ran.append(mod is model))
+    search_schedule(model, _batches(), 0.8, levels=LEVELS)
+    assert ran and not any(ran), "the search ran the caller's model"  # copies ran (the hook)
+    assert model.training
+
+
+def test_each_step_takes_the_least_kl_per_flop_saved():
+    """ΔKL / ΔFLOPs, not ΔKL alone: the cut after layer 1 costs more KL (0.2) but saves ten
+    times the FLOPs of the cut after layer 3 (0.05 KL): 0.4 per FLOP against 1.0."""
+    from attnprune.train.schedule_search import _best
+
+    early = ([0.5, 0.5, 0.5], 0.5, 0.2, 0)
+    late = ([1.0, 1.0, 0.5], 0.95, 0.05, 2)
+    assert _best([late, early], cur_flops=1.0, cur_kl=0.0) is early
+    assert _best([early, late], cur_flops=1.0, cur_kl=0.0) is early
+    saves_nothing = ([1.0, 1.0, 0.5], 1.0, 0.0, 2)
+    assert _best([saves_nothing], cur_flops=1.0, cur_kl=0.0) is None

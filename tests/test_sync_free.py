@@ -11,11 +11,21 @@ import copy
 import io
 import json
 import pickle
+import sys
 import threading
 
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification, BertModel
+from test_attention_families import batch as family_batch  # tests/ is on sys.path
+from test_attention_families import build
+from test_encoder_families import ENCODERS
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    BertModel,
+    RobertaConfig,
+    RobertaForSequenceClassification,
+)
 
 import attnprune
 from attnprune.hosts.hf_encoder import LazyStats, _fixed_width
@@ -136,20 +146,102 @@ def test_sync_free_path_equals_the_cpu_path(method, cls):
     assert stats[0][1][-1] < stats[0][0], "nothing was pruned: the comparison says nothing"
 
 
+def _pairs(kind: str):
+    """A padded batch of sentence pairs, short enough that ⌊ρ·K⌋ at ρ = 0.25 (2 for K = 11) is
+    below a pair's protected count: BERT's [CLS] a [SEP] b [SEP] (the middle [SEP] ends the
+    first token_type_ids segment), RoBERTa's <s> a </s></s> b </s> (ids 0 and 2, no segments)."""
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(5, 100, (3, 11), generator=g)
+    am = torch.ones_like(ids)
+    am[1, 9:] = 0
+    am[2, 7:] = 0
+    lengths = am.sum(1).tolist()
+    extra = {}
+    if kind == "bert":
+        tt = torch.zeros_like(ids)
+        for b, n in enumerate(lengths):
+            mid = n // 2
+            ids[b, [0, mid, n - 1]] = torch.tensor([2, 3, 3])
+            tt[b, mid + 1:n] = 1
+        extra["token_type_ids"] = tt
+    else:
+        for b, n in enumerate(lengths):
+            mid = n // 2
+            ids[b, [0, mid, mid + 1, n - 1]] = torch.tensor([0, 2, 2, 2])
+        ids[am == 0] = 1
+    return {"input_ids": ids, "attention_mask": am, **extra}
+
+
+@pytest.mark.parametrize("method", ["attention_mass", "entropy"])
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+def test_sync_free_path_keeps_a_pairs_separators(kind, method):
+    """Both paths keep every protected token of a sentence pair when ⌊ρ·K⌋ is below their
+    count: the same kept tokens, the same outputs (the sync-free gather was ⌊ρ·K⌋ = 2 wide and
+    cut the separators: kept [13, 5, 5, 5] on the CPU against [13, 4, 4, 4])."""
+    x = _pairs(kind)
+    outs, kept = [], []
+    for free in (False, True):
+        torch.manual_seed(0)
+        if kind == "bert":
+            model = BertModel(BertConfig(**SMALL)).eval()
+        else:
+            model = RobertaForSequenceClassification(RobertaConfig(
+                **SMALL, pad_token_id=1, bos_token_id=0, eos_token_id=2)).eval()
+        attnprune.patch(model, method, keep_ratio=0.25, after_layer=1, sync_free=free,
+                        output="scatter")
+        with torch.no_grad():
+            outs.append(_out(model(**x)))
+        kept.append(attnprune.patch_state(model).stats["kept_per_layer"])
+    n_protected = 3 if kind == "bert" else 4
+    assert kept[0][1] == 3 * n_protected, kept  # every row keeps just its protected tokens
+    assert kept[1] == kept[0]
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+
+
 def test_fixed_width_is_the_largest_budget():
     assert _fixed_width(64, 0.25) == 16
     assert _fixed_width(10, 0.7) == 7  # ⌊0.7·10⌋ with float error guarded
-    assert _fixed_width(5, 0.1) == 2  # CLS and the closing separator
+    assert _fixed_width(5, 0.1) == 4  # a pair's CLS and separators (RoBERTa: <s> </s></s> </s>)
+    assert _fixed_width(3, 0.1) == 3
     assert _fixed_width(1, 0.5) == 1
+
+
+def _stock_mask_shortcut_only(monkeypatch):
+    """HF's "no padding, no mask" shortcut (``_ignore_bidirectional_mask_sdpa``: it reads
+    ``padding_mask.all()``) answers "no" to the stock model's own call before the encoder, which
+    the host does not control, and fails the test when the host's code asks it: the sync-free
+    path must build its masks without it (``allow_is_bidirectional_skip=False``)."""
+    import transformers.masking_utils as mu
+
+    def shortcut(*args, **kwargs):
+        frame = sys._getframe(1)
+        while frame is not None:
+            name = frame.f_globals.get("__name__", "")
+            if name.startswith("attnprune."):
+                raise AssertionError(f"the host's {name}.{frame.f_code.co_name} asked HF's mask "
+                                     "shortcut, which reads the device")
+            frame = frame.f_back
+        return False
+
+    monkeypatch.setattr(mu, "_ignore_bidirectional_mask_sdpa", shortcut)
+
+
+def test_mask_shortcut_guard_can_fail(monkeypatch):
+    """The guard above sees the host asking the shortcut (the CPU path does, by design)."""
+    _stock_mask_shortcut_only(monkeypatch)
+    model = _bert(cls=BertModel)
+    attnprune.patch(model, "attention_mass", keep_ratio=0.5, after_layer=1, sync_free=False,
+                    bucket_rows=False)
+    ids, am = _batch()
+    with pytest.raises(AssertionError, match="mask shortcut"), torch.no_grad():
+        model(input_ids=ids, attention_mask=am)
 
 
 def _on_meta(method, monkeypatch):
     """A BERT patched with ``method`` on the sync-free path, on the meta device (HF's own mask
-    shortcut, ``padding_mask.all()`` in the stock model before the encoder, switched off), and
-    a call running it on a padded batch."""
-    import transformers.masking_utils as mu
-
-    monkeypatch.setattr(mu, "_ignore_bidirectional_mask_sdpa", lambda *a, **k: False)
+    shortcut, ``padding_mask.all()`` in the stock model before the encoder, answers "no"; the
+    host asking it fails), and a call running it on a padded batch."""
+    _stock_mask_shortcut_only(monkeypatch)
     model = _bert(cls=BertModel)
     attnprune.patch(model, method, keep_ratio=0.5, after_layer=1, sync_free=True,
                     schedule="geometric")
@@ -168,6 +260,25 @@ def test_sync_free_forward_never_reads_the_device(method, monkeypatch):
         out = run()
     assert out.last_hidden_state.shape == (4, 24, 32)
     with pytest.raises(Exception, match="meta"):  # the counts stayed on the device
+        attnprune.patch_state(model).stats["kept_per_layer"]
+
+
+@pytest.mark.parametrize("method", ["attention_mass", "entropy"])
+@pytest.mark.parametrize("arch", ENCODERS)
+def test_every_family_sync_free_forward_never_reads_the_device(arch, method, monkeypatch):
+    """The meta-device check for every encoder family (their own forwards, masks and position
+    tables): DeBERTa-v2 read its float mask (``.all()``) and DeBERTa-v2 and ModernBERT asked
+    HF's mask shortcut, both reads of the device."""
+    _stock_mask_shortcut_only(monkeypatch)
+    model = build(arch)
+    attnprune.patch(model, method, keep_ratio=0.5, after_layer=1, sync_free=True,
+                    output="scatter")
+    model.to("meta")
+    ids, am = family_batch()
+    with torch.no_grad():
+        out = model.base_model(input_ids=ids.to("meta"), attention_mask=am.to("meta"))
+    assert out.last_hidden_state.shape == (*ids.shape, 32)
+    with pytest.raises(Exception, match="meta"):  # it pruned: the counts stayed on the device
         attnprune.patch_state(model).stats["kept_per_layer"]
 
 

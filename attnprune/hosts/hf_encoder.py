@@ -282,6 +282,7 @@ class _Call:
         self.family_cache: dict = {}  # per-forward tables of the family (hf_encoder_families)
         self.family_index: Tensor | None = None
         self.family_positions: Tensor | None = None
+        self.soft_bias: Tensor | None = None  # the layers' mask when it is the soft log-mask bias
         self.aux_losses: list[Tensor] = []
         self.scorer_time_s = self.select_time_s = self.gather_time_s = 0.0
 
@@ -359,6 +360,14 @@ class HFEncoderState(PatchState):
     family_cache = _of_the_call("family_cache")
     family_index = _of_the_call("family_index")
     family_positions = _of_the_call("family_positions")
+    soft_bias = _of_the_call("soft_bias")
+
+    def mask4d(self, hidden: Tensor, attention_mask: Tensor):
+        """The layers' mask for the uncut batch from a (B, L) padding mask, for a family's
+        ``forward``: the stock helper, without its "no padding, no mask" shortcut on the
+        sync-free path (the shortcut reads the mask back: ``mask.all()``)."""
+        return _bidirectional(self, hidden, attention_mask,
+                              skip=not sync_free(hidden.device, self.sync_free))
 
     def protect_tensor(self, device) -> Tensor | None:
         """``protect_ids`` as a long tensor on ``device``, made once: building it in every
@@ -504,7 +513,7 @@ def sync_free(device: torch.device, override: bool | None = None) -> bool:
     * Any other device (CUDA, MPS, …) (default: True): reading a number back waits for every
       queued kernel, and each extra launch costs microseconds, as much as a small layer's work.
       So the forward never reads the device: a fixed-ratio method's gather width is
-      W = min(K, max(⌊ρ·K⌋, 2)) from the batch's padded width K alone (every row keeps
+      W = min(K, max(⌊ρ·K⌋, 4)) from the batch's padded width K alone (every row keeps
       ⌊ρ·n_b⌋ ≤ W tokens; shorter rows are padded, with a mask), one top-k and one batched
       gather per pruning layer, no row groups, the per-layer counts kept as device tensors
       until ``stats`` is read, and the scorer's attention in few large pieces. A threshold
@@ -515,8 +524,11 @@ def sync_free(device: torch.device, override: bool | None = None) -> bool:
       leave the graph); ``torch.export`` / ONNX keep data-dependent widths
       (:func:`_traced_width`), so an exported graph keeps exactly the eager forward's tokens.
 
-    A row with more protected tokens (CLS and separators) than W keeps its first W of them on
-    this path (only when ⌊ρ·K⌋ < its separator count; the CPU path keeps them all).
+    W ≥ 4 holds a sentence pair's CLS and separators ([CLS] a [SEP] b [SEP]; RoBERTa's
+    <s> a </s></s> b </s>), so both paths keep the same tokens on single texts and pairs. Only
+    a row with more protected tokens than W (separators written inside a text, three or more
+    segments, and ⌊ρ·K⌋ below their count) keeps its first W of them on this path, where the
+    CPU path keeps them all: counting them would read the device.
     """
     if _tracing():
         return True
@@ -525,12 +537,19 @@ def sync_free(device: torch.device, override: bool | None = None) -> bool:
     return device.type != "cpu"
 
 
+# The most protected tokens (CLS and separators) of a standard input: a RoBERTa pair's
+# <s> a </s></s> b </s> (a BERT pair has 3, a single text 2). The sync-free gather is never
+# narrower, so it keeps them all, as the CPU path does (:func:`sync_free`).
+PAIR_PROTECTED = 4
+
+
 def _fixed_width(width: int, rho: float) -> int:
-    """W = min(K, max(⌊ρ·K⌋, 2)): the gather width of a fixed-ratio method from the padded
-    width K alone (:func:`sync_free`). ⌊ρ·n_b⌋ ≤ ⌊ρ·K⌋ for every row (n_b ≤ K real tokens);
-    at least 2 so CLS and the closing separator of a short row both fit; the 1e-9 is
-    ``selection.budget``'s guard against float error (0.7·10 = 6.999…)."""
-    return min(width, max(math.floor(width * rho + 1e-9), 2))
+    """W = min(K, max(⌊ρ·K⌋, PAIR_PROTECTED)): the gather width of a fixed-ratio method from
+    the padded width K alone (:func:`sync_free`). ⌊ρ·n_b⌋ ≤ ⌊ρ·K⌋ for every row (n_b ≤ K real
+    tokens); at least 4 so a pair's CLS and separators fit (kept by every selection, however
+    small ⌊ρ·n_b⌋: the CPU path keeps them all); the 1e-9 is ``selection.budget``'s guard
+    against float error (0.7·10 = 6.999…)."""
+    return min(width, max(math.floor(width * rho + 1e-9), PAIR_PROTECTED))
 
 
 def _clock(run) -> float:
@@ -742,7 +761,7 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
             if state.soft_mode == "multiply":
                 hidden = hidden * soft[..., None]
             else:  # log-mask bias on the keys of every later layer
-                mask4d = _additive(mask, soft_total, hidden.dtype)[:, None, None, :]
+                mask4d = call.soft_bias = _additive(mask, soft_total, hidden.dtype)[:, None, None, :]
             continue
         keep = (sel.keep | protect) & mask  # the host's guarantee, whatever the method did
         if full is not None:
@@ -766,7 +785,7 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
         run.kwargs.pop("position_ids", None)
         if soft_total is not None:
             soft_total = torch.gather(soft_total, 1, g.index)
-            mask4d = _additive(mask, soft_total, hidden.dtype)[:, None, None, :]
+            mask4d = call.soft_bias = _additive(mask, soft_total, hidden.dtype)[:, None, None, :]
         else:
             if run.bucket and hidden.shape[0] > 1:
                 groups = row_groups(mask.sum(1), group_overhead_tokens())
@@ -880,7 +899,8 @@ def _bidirectional(state: HFEncoderState, hidden: Tensor, mask: Tensor, skip: bo
 
     extra = {} if skip else {"allow_is_bidirectional_skip": False}
     return create_bidirectional_mask(config=state.config, inputs_embeds=hidden,
-                                     attention_mask=mask.long(), **extra)
+                                     attention_mask=None if mask is None else mask.long(),
+                                     **extra)
 
 
 def _additive(mask: Tensor, soft: Tensor | None, dtype) -> Tensor:
@@ -972,6 +992,10 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     # the model get their own.
     state._handles.append(model.register_forward_pre_hook(partial(_grab_labels, state),
                                                           with_kwargs=True))
+    # always_call: the call ends also when the forward raises (a hook's try/finally), so a
+    # later forward that skips the pre-hook (model.base_model) never reads this one's ids
+    state._handles.append(model.register_forward_hook(partial(_end_call, state),
+                                                      always_call=True))
     if state.anatomy.forward is None:
         encoder.forward = partial(_pruned_forward, state, encoder.forward)
     else:  # the family's own steps around the loop (hf_encoder_families.Anatomy.forward)
@@ -987,10 +1011,18 @@ def _grab_labels(state: HFEncoderState, module, args, kwargs) -> None:
     if state.enabled and any(r < 1.0 for r in state.schedule):
         refuse_output_flags(module.config, kwargs, "hf_encoder")
     ids = kwargs.get("input_ids", args[0] if args else None)
+    rank = getattr(state._local, "pending_rank", None)
+    state._local.pending_rank = None  # rank_target's loss is for the next forward only
     state._local.call = _Call(labels=kwargs.get("labels"),
                               inputs=(ids if isinstance(ids, Tensor) else None,
                                       kwargs.get("token_type_ids")),
-                              rank=getattr(state._local, "pending_rank", None))
+                              rank=rank)
+
+
+def _end_call(state: HFEncoderState, module, args, output) -> None:
+    """Forward hook on the model (``always_call``: also when the forward raised): the call's
+    data never outlives the call."""
+    state._local.call = None
 
 
 def _protect_ids(config, ids: Sequence[int] | None) -> tuple[int, ...]:

@@ -181,12 +181,10 @@ def _deberta_forward(state, inner, original, hidden_states, attention_mask,
     if query_states is not None or relative_pos is not None or attention_mask.dim() != 2:
         raise ValueError("attention_mask: the token host serves DeBERTa-v2 with a 2-D padding "
                          "mask and no query_states / relative_pos of the caller")
-    from transformers.masking_utils import create_bidirectional_mask
     from transformers.modeling_outputs import BaseModelOutput
 
     state.family_cache = {}
-    mask4d = create_bidirectional_mask(config=state.config, inputs_embeds=hidden_states,
-                                       attention_mask=attention_mask.long())
+    mask4d = state.mask4d(hidden_states, attention_mask)
     h = inner(state, original, hidden_states, mask4d).last_hidden_state
     return BaseModelOutput(last_hidden_state=h, hidden_states=(h,))
 
@@ -199,16 +197,13 @@ def _deberta_tables(state, hidden, mask4d, index):
     ``build_relative_position``. Before any gather they are the stock (1, K, K); after one they
     differ per row, and ``disentangled_attention_bias`` (which indexes a (B·H, K, ·) layout)
     takes them as (1, b·H, K, K). The soft bias: ``mask4d`` itself when it is the host's
-    additive log-mask (training, ``soft_mode="bias"``), not a hard 0 / −∞ mask."""
+    additive log-mask (training, ``soft_mode="bias"``: ``state.soft_bias``), not a hard 0 / −∞
+    mask; told by identity, never by reading its values (the sync-free path reads nothing)."""
     from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
 
     enc = state.encoder
     b, k = hidden.shape[:2]
-    soft = None
-    if mask4d is not None and mask4d.is_floating_point():
-        lo = torch.finfo(mask4d.dtype).min / 2
-        if not ((mask4d == 0) | (mask4d <= lo)).all():
-            soft = mask4d
+    soft = mask4d if mask4d is not None and mask4d is state.soft_bias else None
     real = _key_mask(mask4d, b, k, hidden.device).long()  # (b, K)
     att = enc.get_attention_mask(real)  # (b, 1, K, K): the stock outer product
     rel = None
@@ -301,15 +296,13 @@ def _modernbert_forward(state, inner, original, input_ids=None, attention_mask=N
         raise ValueError("position_ids: the token host serves ModernBERT with one row of "
                          "positions shared by the batch (rows of a batch are regrouped "
                          "between layers)")
-    from transformers.masking_utils import create_bidirectional_mask
     from transformers.modeling_outputs import BaseModelOutput
 
     base = state.encoder
     hidden = base.embeddings(input_ids=input_ids, inputs_embeds=inputs_embeds)
     state.family_cache = {}
     state.family_positions = None if position_ids is None else position_ids[0]
-    mask4d = create_bidirectional_mask(config=state.config, inputs_embeds=hidden,
-                                       attention_mask=attention_mask)
+    mask4d = state.mask4d(hidden, attention_mask)
     h = inner(state, original, hidden, mask4d).last_hidden_state
     return BaseModelOutput(last_hidden_state=base.final_norm(h))
 

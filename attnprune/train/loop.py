@@ -123,6 +123,10 @@ def fit(
     if rank_distill > 0 and teacher is None:
         raise ValueError("rank_distill needs a teacher (the full model whose token importance "
                          "the scorer learns)")
+    if rank_distill > 0:  # a model it cannot distil into (a method reading no attention, …)
+        from attnprune.train.rank_distill import first_cut
+
+        first_cut(model)
     if mixed_precision not in ("no", "bf16", "auto"):
         raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'auto', got {mixed_precision!r}")
     if mixed_precision == "auto":

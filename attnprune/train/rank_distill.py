@@ -66,7 +66,9 @@ def ranking_loss(student: Tensor, target: Tensor, mask: Tensor) -> Tensor:
 
 def first_cut(model: nn.Module) -> int:
     """Index (0-based) of the first layer after which the patched encoder prunes: the layer
-    whose attention the scorer reads; the teacher's target starts one layer later."""
+    whose attention the scorer reads; the teacher's target starts one layer later. Refuses a
+    model it cannot distil into (not a patched encoder, a method that reads no attention,
+    a schedule that never prunes)."""
     from attnprune import api
 
     state = api.patch_state(model)
@@ -74,6 +76,11 @@ def first_cut(model: nn.Module) -> int:
     if schedule is None or not hasattr(state, "_local"):
         raise ValueError("rank distillation needs an encoder patched with a token method "
                          "(attnprune.patch(model, 'attention_mass', ...))")
+    if not getattr(state.modules, "needs_attention", False):
+        # the loss is computed from the scorer's attention at the first cut: without one the
+        # host never adds it, and training would silently run without the distillation
+        raise ValueError(f"rank distillation needs a method that scores by attention "
+                         f"(attention_mass, ltp), got {state.method!r}, which reads none")
     for i, r in enumerate(schedule[:-1]):
         if r < 1.0:
             return i
@@ -82,10 +89,10 @@ def first_cut(model: nn.Module) -> int:
 
 @contextmanager
 def rank_target(model: nn.Module, target: Tensor, weight: float):
-    """Within the block, the calling thread's next forward of the patched ``model`` adds
-    ``weight · ranking_loss`` at its first pruning layer to its auxiliary losses
+    """Within the block, the calling thread's next forward of the patched ``model`` (that one
+    only) adds ``weight · ranking_loss`` at its first pruning layer to its auxiliary losses
     (``attnprune.aux_loss``). Only in training mode; the target is (B, L) for that forward's
-    batch."""
+    batch. The method must score by attention (:func:`first_cut` refuses others)."""
     from attnprune import api
 
     if not weight > 0:

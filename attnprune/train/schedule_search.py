@@ -44,11 +44,27 @@ def _n_layers(model: nn.Module) -> int:
     return n
 
 
+def _best(tried: list[tuple], cur_flops: float, cur_kl: float) -> tuple | None:
+    """The step with the least ΔKL / ΔFLOPs among ``tried`` ((schedule, flops, kl, layer),
+    FLOPs relative), first wins ties; None when none saves FLOPs."""
+    best, best_score = None, None
+    for step in tried:
+        _, f, k, _ = step
+        saved = cur_flops - f
+        if saved <= 1e-12:
+            continue
+        score = (k - cur_kl) / saved
+        if best_score is None or score < best_score - 1e-12:
+            best, best_score = step, score
+    return best
+
+
 def search_schedule(model: nn.Module, batches: Sequence[dict], flops_budget: float, *,
                     method: str = "attention_mass", options: dict | None = None,
                     levels: Sequence[float] = LEVELS, progress=None) -> dict:
-    """Greedy per-layer keep ratios of ``method`` on ``model`` (a fine-tuned encoder classifier,
-    not patched; left unchanged: the search runs on a copy on the batches' device) with at most ``flops_budget`` × the full model's FLOPs on
+    """Greedy per-layer keep ratios of ``method`` on ``model`` (a fine-tuned encoder classifier;
+    left unchanged: the search runs on a copy on the batches' device, with any patch of the
+    model removed, so the reference is the full model) with at most ``flops_budget`` × its FLOPs on
     ``batches`` (dicts of input_ids / attention_mask / token_type_ids). Returns {"schedule"
     (the cumulative ratios after layers 1 … n−1), "flops" (relative), "kl", "history" (one
     dict per step: schedule, flops, kl, and the layer lowered)}. ``progress`` (a callable)
@@ -65,8 +81,12 @@ def search_schedule(model: nn.Module, batches: Sequence[dict], flops_budget: flo
     n = _n_layers(model)
     keys = ("input_ids", "attention_mask", "token_type_ids")
     inputs = [{k: v for k, v in b.items() if k in keys} for b in batches]
-    # a copy on the batches' device: the model given stays where it is, unpatched
-    work = copy.deepcopy(model).to(inputs[0]["input_ids"].device).eval()
+    # a copy on the batches' device: the model given stays where it is, as it is; a patched
+    # model's copy is unpatched (a pruned reference makes every candidate save nothing)
+    work = copy.deepcopy(model)
+    if api.patch_state(work) is not None:
+        api.unpatch(work)
+    work = work.to(inputs[0]["input_ids"].device).eval()
 
     def run(schedule):
         if schedule is not None:
@@ -93,23 +113,18 @@ def search_schedule(model: nn.Module, batches: Sequence[dict], flops_budget: flo
     cur_kl, cur_flops = 0.0, 1.0
     history = [{"schedule": list(r), "flops": 1.0, "kl": 0.0, "lowered": None}]
     while cur_flops > flops_budget + 1e-9:
-        best = None
+        tried = []
         for layer in range(n - 1):
             lower = [x for x in lv if x < r[layer] - 1e-12]
             if not lower:
                 continue
             cand = r[:layer] + [min(v, lower[0]) for v in r[layer:]]
             logits, fl = run(cand)
-            f, k = fl / ref_flops, kl(logits)
-            saved = cur_flops - f
-            if saved <= 1e-12:
-                continue
-            score = (k - cur_kl) / saved
-            if best is None or score < best[0] - 1e-12:
-                best = (score, cand, f, k, layer)
+            tried.append((cand, fl / ref_flops, kl(logits), layer))
+        best = _best(tried, cur_flops, cur_kl)
         if best is None:  # every layer at the lowest level: the budget is out of reach
             break
-        _, r, cur_flops, cur_kl, layer = best
+        r, cur_flops, cur_kl, layer = best
         history.append({"schedule": list(r), "flops": cur_flops, "kl": cur_kl,
                         "lowered": layer + 1})
         if progress is not None:
