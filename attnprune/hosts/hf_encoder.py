@@ -121,6 +121,7 @@ from attnprune.hosts import (
     remove_method_module,
     remove_state_hooks,
 )
+from attnprune.hosts.compat import sdpa_logsumexp
 from attnprune.methods import registry
 from attnprune.methods.base import protect_first, protect_special
 from attnprune.selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
@@ -141,6 +142,7 @@ __all__ = ["GROUP_OVERHEAD_PER_THREAD", "GROUP_OVERHEAD_TOKENS", "HFEncoderState
 # model; c = 48 gave 0.63 (c = 96: 0.62, no bucketing: 0.68). Beyond 2 threads (not measured
 # here: 2 cores) the same reasoning extrapolates linearly.
 GROUP_OVERHEAD_PER_THREAD = 24
+SCORER_KERNELS = ("matmul", "sdpa")  # how the exact "received" scorer runs (patch_hf_encoder)
 GROUP_OVERHEAD_TOKENS: float | None = None  # a fixed c overrides the per-thread rule (tests)
 
 
@@ -463,7 +465,9 @@ class HFEncoderState(PatchState):
         else:
             if w is None:  # exact: every real query, weight m_i / n
                 w = mask.to(q.dtype) / mask.sum(1, keepdim=True).clamp_min(1).to(q.dtype)
-            if run.static:  # one piece: range() over a symbolic batch size would fix it
+            if getattr(self, "scorer_kernel", "matmul") == "sdpa" and extra is None and not run.training:
+                out = _received_fused(qq, k.view(B, L, H, dh).transpose(1, 2), bias, w)
+            elif run.static:  # one piece: range() over a symbolic batch size would fix it
                 out = torch.einsum("bhij,bi->bhj", torch.softmax(scores(0, B), -1).view(
                     B, H, R, L), w)[:, :, None, :]
             elif run.sync_free:  # few large launches (a GPU): ≤ 2^28 probabilities at once
@@ -555,6 +559,22 @@ def _fixed_width(width: int, rho: float) -> int:
 def _clock(run) -> float:
     """perf_counter for the host's own timers; 0 when traced (a timer would break the graph)."""
     return 0.0 if run.static else time.perf_counter()
+
+
+def _received_fused(q: Tensor, k: Tensor, bias: Tensor, w: Tensor) -> Tensor:
+    """R_h[j] = Σ_i w_i softmax_j(q_i·k_j + b_j) in two fused attention passes, without the
+    (L × L) probabilities (``scorer_kernel="sdpa"``): the first gives each query's log-sum-exp
+    ℓ_i; then R_h[j] = Σ_i exp(k_j·q_i + log w_i − ℓ_i) is the normaliser of attention with the
+    roles swapped (keys ask, queries answer, bias log w_i − ℓ_i), whose log the second pass
+    returns. ``q`` (B, H, L, dh) scaled, ``k`` (B, H, L, dh), ``bias`` (B, 1, 1, L) additive,
+    ``w`` (B, L) query weights; returns (B, H, 1, L) in float32."""
+    lse = sdpa_logsumexp(q, k, bias)  # (B, H, L) float32
+    floor = torch.finfo(q.dtype).min  # w_i = 0 (padding): weight ≈ e^−∞, never a NaN row
+    wf = w.float()[:, None, :]
+    swapped = torch.where(wf > 0, wf.clamp_min(1e-38).log() - lse, floor)[:, :, None, :]
+    # the second pass in float32: its bias (log w_i − ℓ_i ≈ −log L − ℓ_i) rounded to bf16
+    # moved weights by ~4 % and changed 1–2 % of the kept tokens (measured, MiniLM shape)
+    return sdpa_logsumexp(k.float(), q.float(), swapped).exp()[:, :, None, :]
 
 
 class LazyStats(Mapping):
@@ -922,7 +942,8 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
                      after_layer: int = 1, schedule=None, output: str = "auto",
                      soft_mode: str = "bias", scorer_queries: int = 0,
                      bucket_rows: bool = True, protect_token_ids: Sequence[int] | None = None,
-                     sync_free: bool | None = None, **method_options) -> HFEncoderState:
+                     sync_free: bool | None = None, scorer_kernel: str = "matmul",
+                     **method_options) -> HFEncoderState:
     """Patch an encoder of a family in ``hf_attention.FAMILIES`` with a ``token`` anatomy (BERT,
     MiniLM, RoBERTa, DistilBERT, XLM-R, CamemBERT, ELECTRA, ALBERT, MPNet, DeBERTa-v2/v3,
     ModernBERT; or its ``*ForSequenceClassification``) with token method ``spec``.
@@ -941,9 +962,14 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     ``<s>`` and ``</s>``); the last real token and each ``token_type_ids`` segment's last token
     are kept whatever the ids (:func:`attnprune.methods.base.protect_special`).
     ``sync_free`` (default None: by device, True off the CPU): the forward that never reads
-    the device, fixed gather widths, no row groups (:func:`sync_free`). The rest are the
-    method's options. All are checked before the model is touched.
+    the device, fixed gather widths, no row groups (:func:`sync_free`). ``scorer_kernel``:
+    how the exact attention-received scorer runs at inference: "matmul" (default: the scores,
+    then their softmax, in blocks) or "sdpa" (two fused attention passes from the rows'
+    log-sum-exps: the L×L probabilities never exist; :func:`_received_fused`). The rest are
+    the method's options. All are checked before the model is touched.
     """
+    if scorer_kernel not in SCORER_KERNELS:
+        raise ValueError(f"scorer_kernel must be one of {SCORER_KERNELS}, got {scorer_kernel!r}")
     if sync_free is not None and not isinstance(sync_free, bool):
         raise ValueError(f"sync_free must be True, False or None (by device), got {sync_free!r}")
     check_attn_implementation(model.config, "hf_encoder")
@@ -976,6 +1002,7 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
                            family, output, soft_mode, bucket_rows, sync_free)
     state.n_heads = n_heads
     state.scorer_queries = scorer_queries
+    state.scorer_kernel = scorer_kernel
     state.protect_ids = protect_ids
     from transformers.modeling_outputs import (
         BaseModelOutput,
