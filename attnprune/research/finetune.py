@@ -34,7 +34,7 @@ For each seed and each keep ratio ρ (``--keep-ratio 0.3,0.5``), one run:
 
 The full reference (label ``full``) is the ``--init-from`` model when given, else the same
 weights with the patch disabled (then its accuracy is not a trained full model: the summary
-says which). Results folder per DESIGN.md: ``config.yaml``, ``summary.json`` (``methods`` +
+says which). Results folder: ``config.yaml``, ``summary.json`` (``methods`` +
 ``comparisons`` from ``attnprune.runs.stats.compare_predictions``), ``metrics.csv``,
 ``predictions/``, ``models/<label>__seed<N>/`` (a folder of ``attnprune.save_pretrained``:
 the HF model, its tokenizer, ``attnprune.json`` and the method's tensors, so
@@ -1087,7 +1087,7 @@ def main(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         from attnprune.runs.config import print_help
 
-        print_help(__doc__, FinetuneConfig)
+        print_help(__doc__, FinetuneConfig)  # with --config, --out, --exact-out
         return 0
     # parsed by process 0 (which may read a resumed folder's files) and sent to the others:
     # every process runs the same configuration

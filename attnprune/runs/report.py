@@ -1,6 +1,6 @@
 """One self-contained HTML page per results folder (``attnprune report DIR``).
 
-Reads what every command writes (DESIGN.md contract): ``summary.json``, ``config.yaml`` and
+Reads what every command writes: ``summary.json``, ``config.yaml`` and
 the ``*.png`` figures, and writes ``DIR/report.html`` with the figures embedded as base64, so
 the file can be mailed or attached. Commands call :func:`build` at their end; the command
 rebuilds it after a partial run. Given a folder that holds several results folders (``--out``
@@ -614,9 +614,12 @@ def build(run_dir: str | Path) -> Path:
 
 def main(argv: list[str]) -> int:
     """``attnprune report DIR [DIR ...]``."""
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: attnprune report DIR [DIR ...]   (re)build DIR/report.html "
-              "(or one page per run and DIR/index.html for a folder of runs)")
+    if not argv or "-h" in argv or "--help" in argv:
+        from attnprune.runs.config import plain
+
+        print("usage: attnprune report DIR [DIR ...]\n\n(Re)build DIR/report.html (or one page "
+              "per run and DIR/index.html for a folder of runs). No options: only folders.\n")
+        print(plain(__doc__))
         return 0 if argv else 2
     for d in argv:
         try:

@@ -104,9 +104,10 @@ class ResultsDir:
 
         Reopening a folder that has a ``config.yaml`` resumes it: its finished runs are kept,
         so ``config`` must be the folder's (:meth:`check_resume`, before any work), and its
-        config.yaml stays as it is."""
-        from attnprune.runs.config import dump_yaml
+        config.yaml stays as it is. ``out`` naming a file is a ConfigError naming --out."""
+        from attnprune.runs.config import check_out, dump_yaml
 
+        check_out(out)
         resuming = exact and (Path(out) / "config.yaml").is_file()
         if resuming:
             cls.check_resume(out, config)
