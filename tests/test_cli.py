@@ -121,3 +121,32 @@ def test_results_dir_start_refuses_a_file(tmp_path):
     for exact in (False, True):
         with pytest.raises(ConfigError, match=r"^out: --out .* is a file, not a folder"):
             ResultsDir.start(f, "x", exact, {"a": 1})
+
+
+# ----------------------------------------------------------------------------- make test
+def test_make_test_is_what_ci_runs():
+    """``make test`` sets CI=1 and the offline variables itself (a missing data file fails
+    instead of skipping), and .ci/run is that same ``make test``."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    ci = [ln.strip() for ln in (repo / ".ci" / "run").read_text().splitlines()
+          if ln.strip() and not ln.lstrip().startswith("#")]
+    assert ci[-1] == "make test" and not any("pytest" in ln or "export" in ln for ln in ci)
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    dry = subprocess.run(["make", "-n", "test"], cwd=repo, capture_output=True, text=True,
+                         check=True).stdout
+    line = next(ln for ln in dry.splitlines() if "-m pytest" in ln)
+    for var in ("CI=1", "MPLBACKEND=Agg", "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1",
+                "HF_DATASETS_OFFLINE=1"):
+        assert var in line.split(), var
+
+
+def test_gitignore_covers_the_virtual_environment():
+    from pathlib import Path
+
+    lines = (Path(__file__).resolve().parents[1] / ".gitignore").read_text().split()
+    assert ".venv/" in lines or ".venv" in lines
