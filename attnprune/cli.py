@@ -138,7 +138,12 @@ def main(argv: list[str] | None = None) -> int:
             if "-h" in rest or "--help" in rest:
                 return command_help(words)
             try:
-                return int(fn(rest) or 0)
+                if not argv_from_process:
+                    return int(fn(rest) or 0)
+                from attnprune.runs.results import sticky_ctrl_c
+
+                with sticky_ctrl_c():  # a Ctrl-C that Python drops still stops the command
+                    return int(fn(rest) or 0)
             except ConfigError as e:
                 print(f"attnprune {' '.join(words)}: error: {e}", file=sys.stderr)
                 return 2
