@@ -209,6 +209,28 @@ def test_finetune_reports_fair_reference_beside_padded(tiny, tmp_path, capsys, o
     row = next(r for r in csv.DictReader((out / "metrics.csv").open())
                if r["label"] == "attention_mass@0.5/L1")
     assert float(row["flops_relative_fair"]) == pytest.approx(fair)
+    # the report: written by the command; its figure draws the fair ratio its verdict quotes
+    from attnprune.research.finetune import figure_points
+    from attnprune.runs.report import verdict
+
+    assert (out / "report.html").is_file() and (out / "accuracy_vs_flops.png").is_file()
+    point = next(p for p in figure_points(s["methods"]) if p["label"] == "attention_mass@0.5/L1")
+    assert point["fair"] and point["flops_relative"] == pytest.approx(fair)
+    assert f"at {fair:.3g}× the FLOPs" in verdict(s)
+
+
+def test_figure_points_mark_a_padded_ratio():
+    """A method without a fair ratio is drawn at its padded one, marked so; full is 1 in both."""
+    from attnprune.research.finetune import figure_points
+
+    acc = {"mean": 0.8, "ci95": [0.7, 0.9]}
+    pts = {p["label"]: p for p in figure_points({
+        "full": {"flops": {"relative": 1.0}, "accuracy": acc},
+        "a@0.5": {"flops": {"relative": 0.4, "relative_fair": 0.7}, "accuracy": acc},
+        "b@0.5": {"flops": {"relative": 0.5}, "accuracy": acc}})}
+    assert (pts["full"]["flops_relative"], pts["full"]["fair"]) == (1.0, True)
+    assert (pts["a@0.5"]["flops_relative"], pts["a@0.5"]["fair"]) == (0.7, True)
+    assert (pts["b@0.5"]["flops_relative"], pts["b@0.5"]["fair"]) == (0.5, False)
 
 
 @pytest.mark.slow

@@ -48,6 +48,9 @@ from attnprune.runs.results import atomic_write_text
 
 __all__ = ["build", "fmt", "main", "verdict"]
 
+# overflow-wrap: break-word, not anywhere: "anywhere" lets a column shrink to its widest
+# letter, so an automatic-layout table wrapped its headers one letter a line; break-word
+# breaks inside a word only when the word alone is wider than its column.
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:1.5em auto;max-width:1100px;
 padding:0 1em;color:#222;line-height:1.4}
@@ -59,9 +62,9 @@ margin:.6em 0 1em}
 .scroll{max-width:100%}
 table{border-collapse:collapse;font-size:.85em;margin:.5em 0;max-width:100%;table-layout:auto}
 table.wide{width:100%;table-layout:auto;font-size:.72em}
-th,td{border:1px solid #d4d4d4;padding:.2em .5em;text-align:right;overflow-wrap:anywhere}
+th,td{border:1px solid #d4d4d4;padding:.2em .5em;text-align:right;overflow-wrap:break-word}
 td{white-space:normal}
-th{background:#f2f2f2;vertical-align:bottom;max-width:9em;overflow-wrap:anywhere}
+th{background:#f2f2f2;vertical-align:bottom;max-width:9em;hyphens:auto}
 table.wide th,table.wide td{padding:.15em .3em;max-width:none}
 td.l,th.l{text-align:left}
 td.w{white-space:normal;text-align:left;min-width:8em;max-width:26em}
