@@ -1,4 +1,4 @@
-"""The ``attnprune`` command line: a thin dispatcher (contract in DESIGN.md).
+"""The ``attnprune`` command line: a thin dispatcher.
 
     attnprune <command> [--config FILE.yaml] [--key value ...] --out DIR
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from attnprune.runs.config import ConfigError, print_help
+from attnprune.runs.config import ConfigError, plain, print_help
 
 # command words → "module:function" taking the remaining argv
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
@@ -55,21 +55,67 @@ def _usage() -> str:
 
 
 def config_class(module) -> type | None:
-    """The config dataclass a command module defines (the one class named ``...Config`` made
-    by ``@dataclass`` in that module), or None (commands without options)."""
+    """The config dataclass of a command module: its ``CONFIG`` ("module:Class", for a module
+    that imports its config lazily), else the one class named ``...Config`` made by
+    ``@dataclass`` in that module, or None (commands without a config)."""
     import dataclasses
 
+    named = getattr(module, "CONFIG", None)
+    if isinstance(named, str):
+        mod, cls = named.split(":")
+        return getattr(importlib.import_module(mod), cls)
     found = [v for n, v in vars(module).items() if isinstance(v, type) and n.endswith("Config")
              and dataclasses.is_dataclass(v) and v.__module__ == module.__name__]
     return found[0] if len(found) == 1 else None
 
 
 def methods_main(argv: list[str]) -> int:
-    """``attnprune methods``: one line per registered method."""
+    """List the registered methods, one line each: name, kind (token or attention) and
+    summary. No options."""
+    if "-h" in argv or "--help" in argv:
+        import inspect
+
+        print(f"usage: attnprune methods\n\n{inspect.cleandoc(methods_main.__doc__)}")
+        return 0
+    if argv:
+        print(f"attnprune methods: error: takes no options, got {' '.join(argv)!r}", file=sys.stderr)
+        return 2
     from attnprune.methods import registry
     for name in registry.list_methods():
         spec = registry.get(name)
         print(f"{name:<20} {spec.kind:<10} {spec.summary}")
+    return 0
+
+
+def _group_usage(word: str) -> str:
+    """The subcommands of a command group (``reproduce``, ``bench``)."""
+    lines = [f"usage: attnprune {word} <subcommand> [--key value ...] [--out DIR]", "",
+             "subcommands:"]
+    for words, (_, text) in COMMANDS.items():
+        if words[0] == word and len(words) > 1:
+            lines.append(f"  {' '.join(words[1:]):<14} {text}")
+    lines += ["", f"Run 'attnprune {word} <subcommand> --help' for its options."]
+    return "\n".join(lines)
+
+
+def command_help(words: tuple[str, ...]) -> int:
+    """``attnprune <words> --help``: the command's docstring as plain text and every option
+    with its default (the run flags --config, --out, --exact-out too, where it takes them).
+    A command without a config dataclass prints its own help (``main(["--help"])``)."""
+    target, summary = COMMANDS[words]
+    module, func = target.split(":")
+    mod = importlib.import_module(module)
+    cls = config_class(mod)
+    if cls is None:
+        try:
+            return int(getattr(mod, func)(["--help"]) or 0)
+        except SystemExit as e:  # argparse's --help
+            return int(e.code or 0)
+    doc = (mod.__doc__ or "").strip()
+    name = f"attnprune {' '.join(words)}"
+    if name not in plain(doc.split("\n", 1)[0]):  # a docstring that does not name its command
+        doc = f"{name}: {summary}\n\n{doc}"
+    print_help(doc, cls, extra=getattr(mod, "EXTRA_FLAGS", ()))
     return 0
 
 
@@ -90,18 +136,14 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             rest = argv[len(words):]
             if "-h" in rest or "--help" in rest:
-                # Every command documents itself in its module docstring, and its options in
-                # its config dataclass: both, with each option's default
-                mod = importlib.import_module(module)
-                doc = f"attnprune {' '.join(words)}\n\n{(mod.__doc__ or '').strip()}\n"
-                cls = config_class(mod)
-                if cls is None:
-                    print(doc)
-                else:
-                    print_help(doc, cls)
-                return 0
+                return command_help(words)
             try:
-                return int(fn(rest) or 0)
+                if not argv_from_process:
+                    return int(fn(rest) or 0)
+                from attnprune.runs.results import sticky_ctrl_c
+
+                with sticky_ctrl_c():  # a Ctrl-C that Python drops still stops the command
+                    return int(fn(rest) or 0)
             except ConfigError as e:
                 print(f"attnprune {' '.join(words)}: error: {e}", file=sys.stderr)
                 return 2
@@ -115,6 +157,14 @@ def main(argv: list[str] | None = None) -> int:
                 print("\ninterrupted: finished runs are saved; rerun with the same --out to resume",
                       file=sys.stderr)
                 return 130
+    groups = {w[0] for w in COMMANDS if len(w) > 1}
+    if argv[0] in groups:  # "attnprune bench", "attnprune bench --help", "attnprune bench x"
+        if len(argv) == 1 or argv[1] in ("-h", "--help", "help"):
+            print(_group_usage(argv[0]))
+            return 0
+        print(f"attnprune: unknown command {' '.join(argv[:2])!r}\n\n{_group_usage(argv[0])}",
+              file=sys.stderr)
+        return 2
     print(f"attnprune: unknown command {' '.join(argv[:2])!r}\n\n{_usage()}", file=sys.stderr)
     return 2
 

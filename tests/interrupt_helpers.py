@@ -1,18 +1,75 @@
-"""What the Ctrl-C tests share: run an ``attnprune`` command in its own process group, send
-that group one SIGINT (what a terminal's Ctrl-C does) once the command is far enough, and
-check that nothing of it is left running."""
+"""What the Ctrl-C tests share: run an ``attnprune`` command in its own process group and
+interrupt it at a point chosen by the command itself, never by a clock.
+
+The command runs through a small start-up script (``_BOOT``) that wraps
+``ResultsDir.save_run``: when the command has saved its ``after``-th run, and its worker
+processes (if any) have set Ctrl-C aside (``SigIgn`` in ``/proc``, :func:`_worker_init` of
+the synthetic track), the wrapper either
+
+* ``"raise"``: does what a terminal's Ctrl-C does, there and then: SIGINT to each worker,
+  then to itself with ``signal.raise_signal`` (delivered to this thread before the call
+  returns, so the KeyboardInterrupt is raised at this very point), or
+* ``"ready"``: writes a readiness file and goes on with the next run; the test then sends
+  the process group one real SIGINT. The file is written only from inside the loop of runs,
+  and the runs left take minutes, so the signal lands inside it whatever the machine's load.
+
+Then the test checks that nothing of the command is left running."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+
+_BOOT = r"""
+import json, multiprocessing, os, signal, sys, time
+from pathlib import Path
+
+from attnprune.runs import results as _results
+
+argv, after, mode, ready = json.loads(sys.argv[1])
+_save, _saved = _results.ResultsDir.save_run, []
+
+
+def _ignores_ctrl_c(pid):
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:  # gone: nothing to wait for
+        return True
+    mask = next(ln for ln in status.splitlines() if ln.startswith("SigIgn:")).split()[1]
+    return bool(int(mask, 16) & (1 << (signal.SIGINT - 1)))
+
+
+def save_run(self, key, record):
+    out = _save(self, key, record)
+    _saved.append(key)
+    if len(_saved) == after:
+        workers = multiprocessing.active_children()
+        while not all(_ignores_ctrl_c(p.pid) for p in workers):  # a condition, not a clock
+            time.sleep(0.01)
+        if mode == "raise":
+            for p in workers:
+                os.kill(p.pid, signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            raise AssertionError("SIGINT raised no KeyboardInterrupt")
+        tmp = Path(ready + ".tmp")
+        tmp.write_text(str(os.getpid()))
+        os.replace(tmp, ready)
+    return out
+
+
+_results.ResultsDir.save_run = save_run
+sys.argv = ["attnprune", *argv]
+from attnprune.cli import main
+
+sys.exit(main())
+"""
 
 
 def group_alive(pgid: int) -> bool:
@@ -29,7 +86,7 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def assert_group_gone(pgid: int, timeout: float = 15.0) -> None:
+def assert_group_gone(pgid: int, timeout: float = 60.0) -> None:
     """Wait up to ``timeout`` s for the group to empty (multiprocessing's resource tracker
     ends on EOF, a moment after its parent); fail listing what is left."""
     deadline = time.monotonic() + timeout
@@ -48,27 +105,32 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def ctrl_c(argv: list[str], ready: Callable[[], bool], *, settle: float = 0.0,
-           timeout: float = 300.0) -> tuple[int, str, str, float, int]:
-    """Run ``python -m attnprune *argv`` in a new session, wait until ``ready()``, then
-    ``settle`` s, and send its process group one SIGINT. Returns (exit code, stdout, stderr,
-    seconds from the SIGINT to the exit, the group id)."""
+def _start(argv: list[str], after: int, mode: str, ready: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.Popen([sys.executable, "-m", "attnprune", *argv], cwd=REPO, env=env,
-                         start_new_session=True, text=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE,
-                         preexec_fn=_default_sigint)  # noqa: PLW1509 (test process, no threads forked here)
+    return subprocess.Popen(
+        [sys.executable, "-c", _BOOT, json.dumps([argv, after, mode, str(ready)])], cwd=REPO,
+        env=env, start_new_session=True, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_default_sigint)  # noqa: PLW1509 (test process, no threads forked here)
+
+
+def ctrl_c(argv: list[str], *, after: int, ready: Path, real: bool,
+           timeout: float = 600.0) -> tuple[int, str, str, int]:
+    """Run ``attnprune *argv`` in a new session and Ctrl-C it once its ``after``-th run is
+    saved (and its workers are up): ``real=False``, the command interrupts itself there;
+    ``real=True``, it writes ``ready`` there and this process sends its process group one
+    SIGINT. Returns (exit code, stdout, stderr, the group id)."""
+    p = _start(argv, after, "ready" if real else "raise", ready)
     try:
-        deadline = time.monotonic() + timeout
-        while not ready():
-            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-            time.sleep(0.05)
-        time.sleep(settle)
-        os.killpg(p.pid, signal.SIGINT)  # the new session's group: the command and its workers
-        t0 = time.monotonic()
-        stdout, stderr = p.communicate(timeout=120)
-        return p.returncode, stdout, stderr, time.monotonic() - t0, p.pid
+        if real:
+            deadline = time.monotonic() + timeout
+            while not ready.is_file():  # polled for a file, not timed: no race
+                assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+                time.sleep(0.05)
+            os.killpg(p.pid, signal.SIGINT)  # the new session's group: the command and its workers
+        stdout, stderr = p.communicate(timeout=timeout)
+        return p.returncode, stdout, stderr, p.pid
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)

@@ -209,21 +209,44 @@ def test_finetune_reports_fair_reference_beside_padded(tiny, tmp_path, capsys, o
     row = next(r for r in csv.DictReader((out / "metrics.csv").open())
                if r["label"] == "attention_mass@0.5/L1")
     assert float(row["flops_relative_fair"]) == pytest.approx(fair)
+    # the report: written by the command; its figure draws the fair ratio its verdict quotes
+    from attnprune.research.finetune import figure_points
+    from attnprune.runs.report import verdict
+
+    assert (out / "report.html").is_file() and (out / "accuracy_vs_flops.png").is_file()
+    point = next(p for p in figure_points(s["methods"]) if p["label"] == "attention_mass@0.5/L1")
+    assert point["fair"] and point["flops_relative"] == pytest.approx(fair)
+    assert f"at {fair:.3g}× the FLOPs" in verdict(s)
+
+
+def test_figure_points_mark_a_padded_ratio():
+    """A method without a fair ratio is drawn at its padded one, marked so; full is 1 in both."""
+    from attnprune.research.finetune import figure_points
+
+    acc = {"mean": 0.8, "ci95": [0.7, 0.9]}
+    pts = {p["label"]: p for p in figure_points({
+        "full": {"flops": {"relative": 1.0}, "accuracy": acc},
+        "a@0.5": {"flops": {"relative": 0.4, "relative_fair": 0.7}, "accuracy": acc},
+        "b@0.5": {"flops": {"relative": 0.5}, "accuracy": acc}})}
+    assert (pts["full"]["flops_relative"], pts["full"]["fair"]) == (1.0, True)
+    assert (pts["a@0.5"]["flops_relative"], pts["a@0.5"]["fair"]) == (0.7, True)
+    assert (pts["b@0.5"]["flops_relative"], pts["b@0.5"]["fair"]) == (0.5, False)
 
 
 @pytest.mark.slow
 def test_one_ctrl_c_stops_finetune_cleanly(tiny, tmp_path):
-    """One Ctrl-C (SIGINT to the process group, as a terminal sends it) between seeds: exit
-    130 with one line and no traceback, the finished runs saved whole, nothing left running."""
+    """One Ctrl-C (SIGINT, as a terminal sends it) right after the first seed's run is saved,
+    delivered there by the command itself (no race with a clock): exit 130 with one line and
+    no traceback, that run saved whole and no other started, nothing left running."""
     from interrupt_helpers import assert_group_gone, assert_stopped_cleanly, ctrl_c
 
     out = tmp_path / "ft"
-    rc, stdout, stderr, _, pgid = ctrl_c(
+    rc, stdout, stderr, pgid = ctrl_c(
         ["finetune", *args(tiny, out, "--seeds", ",".join(str(s) for s in range(50)))],
-        lambda: bool(list(out.glob("runs/*.json"))))
+        after=1, ready=tmp_path / "ready", real=False)
     assert_stopped_cleanly(rc, stdout, stderr)
     runs = sorted(out.glob("runs/*.json"))
-    assert 1 <= len(runs) < 50
+    assert len(runs) == 1
     for r in runs:  # each marker written after its model and predictions
         seed = json.loads(r.read_text())["seed"]
         assert (out / "models" / f"full__seed{seed}" / "model.safetensors").is_file()

@@ -177,3 +177,13 @@ def test_synthetic_bar_figure_two_seeds_dots_else_clipped_bars(n, dots):
         segs = [s for c in ax.collections for s in c.get_segments()]
         assert segs and all(lo - 1e-9 <= y <= hi + 1e-9 for s in segs for _, y in s)
     plt.close(fig)
+
+
+def test_headers_wrap_at_words_not_letter_by_letter(tmp_path):
+    """overflow-wrap: anywhere (or word-break: break-all) lets an automatic-layout column
+    shrink to one letter, and the headers wrapped a letter a line; break-word breaks inside a
+    word only when the word alone is wider than its column."""
+    html = build(write(tmp_path, "hdr", SUMMARIES["synthetic"])).read_text()
+    css = html[html.index("<style>"):html.index("</style>")]
+    assert "anywhere" not in css and "break-all" not in css
+    assert re.search(r"th,td\{[^}]*overflow-wrap:break-word", css)

@@ -34,7 +34,7 @@ For each seed and each keep ratio ρ (``--keep-ratio 0.3,0.5``), one run:
 
 The full reference (label ``full``) is the ``--init-from`` model when given, else the same
 weights with the patch disabled (then its accuracy is not a trained full model: the summary
-says which). Results folder per DESIGN.md: ``config.yaml``, ``summary.json`` (``methods`` +
+says which). Results folder: ``config.yaml``, ``summary.json`` (``methods`` +
 ``comparisons`` from ``attnprune.runs.stats.compare_predictions``), ``metrics.csv``,
 ``predictions/``, ``models/<label>__seed<N>/`` (a folder of ``attnprune.save_pretrained``:
 the HF model, its tokenizer, ``attnprune.json`` and the method's tensors, so
@@ -1057,24 +1057,42 @@ def _unsafe(stem: str, results: ResultsDir) -> str:
     return stem
 
 
+def figure_points(methods: dict, metric: str = "accuracy") -> list[dict]:
+    """The points of :func:`_figure`: per label, the relative FLOPs it is drawn at — the fair
+    ratio (length-sorted batches, no padding) where recorded, as the report's verdict quotes
+    it; else the padded one, marked ``fair: False`` (full is 1 in both) — and the metric's
+    mean and CI."""
+    out = []
+    for label, e in sorted(methods.items()):
+        fl = e.get("flops") or {}
+        fair = fl.get("relative_fair")
+        rel = fair if fair is not None else fl.get("relative")
+        acc = e.get(metric, {})
+        if rel is None or "mean" not in acc:
+            continue
+        out.append({"label": label, "flops_relative": rel,
+                    "fair": fair is not None or label == FULL, "mean": acc["mean"],
+                    "ci95": acc.get("ci95")})
+    return out
+
+
 def _figure(methods: dict, results: ResultsDir, metric: str = "accuracy") -> None:
     """``<metric>_vs_flops.png``: the headline metric (accuracy, or Pearson r of a regression)
-    with its 95 % CI against measured relative FLOPs, one point per label."""
+    with its 95 % CI against measured relative FLOPs (fair, :func:`figure_points`), one point
+    per label."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for label, e in sorted(methods.items()):
-        rel = (e.get("flops") or {}).get("relative")
-        acc = e.get(metric, {})
-        if rel is None or "mean" not in acc:
-            continue
-        ci = acc.get("ci95")
-        yerr = None if not ci or None in ci else [[acc["mean"] - ci[0]], [ci[1] - acc["mean"]]]
-        ax.errorbar(rel, acc["mean"], yerr=yerr, fmt="o", capsize=3, label=label)
-    ax.set_xlabel("measured FLOPs relative to the full model")
+    for p in figure_points(methods, metric):
+        ci = p["ci95"]
+        yerr = None if not ci or None in ci else [[p["mean"] - ci[0]], [ci[1] - p["mean"]]]
+        label = p["label"] if p["fair"] else f"{p['label']} (padded batches)"
+        ax.errorbar(p["flops_relative"], p["mean"], yerr=yerr, fmt="o", capsize=3, label=label,
+                    mfc=None if p["fair"] else "none")
+    ax.set_xlabel("measured FLOPs relative to the full model (length-sorted batches, no padding)")
     ax.set_ylabel(f"test {metric} (95 % CI)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6, loc="lower right")
@@ -1087,7 +1105,7 @@ def main(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         from attnprune.runs.config import print_help
 
-        print_help(__doc__, FinetuneConfig)
+        print_help(__doc__, FinetuneConfig)  # with --config, --out, --exact-out
         return 0
     # parsed by process 0 (which may read a resumed folder's files) and sent to the others:
     # every process runs the same configuration
@@ -1124,6 +1142,9 @@ def main(argv: list[str]) -> int:
         print(f"not compared: {line}")
     for line in summary.get("warnings", []):
         print(f"warning: {line}")
+    from attnprune.runs.report import build
+
+    print(f"report → {build(results.path)}")
     return 0
 
 

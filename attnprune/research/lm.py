@@ -31,7 +31,7 @@ While a REINFORCE policy trains (DTR, hybrid stage 1) every sequence of a batch 
 
 Checkpoints (safetensors: model, optimizer moments, RNG state; JSON for the rest) are written
 at every evaluation; a killed run resumes from the last one when rerun with the same ``--out``.
-Results (DESIGN.md contract): ``summary.json`` (perplexity, kept ratio per layer, measured and
+Results: ``summary.json`` (perplexity, kept ratio per layer, measured and
 effective FLOPs, wall time, generation tokens/s, all relative to the unpruned model measured
 in the same process), ``history.json``, ``metrics.csv``, figures from :mod:`attnprune.research.lm_figures`.
 The trained model is saved twice: ``model.safetensors`` (the weights ``--init`` reads) and
@@ -868,8 +868,9 @@ def _paired_loss(label: str, per_window, ref: str, ref_per_window) -> dict:
 def main(argv: list[str]) -> int:
     """``attnprune lm [--preset cpu-small|paper] [--key value …] --out DIR``."""
     if argv and argv[0] in ("-h", "--help"):
-        print(__doc__)
-        print("options:", ", ".join(f"--{k.replace('_', '-')}" for k in LMConfig.__dataclass_fields__))
+        from attnprune.runs.config import print_help
+
+        print_help(__doc__, LMConfig)
         return 0
     preset = "cpu-small"
     for i, a in enumerate(argv):  # the preset may sit in the config file or on the line

@@ -18,8 +18,8 @@ A DIR may also be the ``predictions`` folder itself.
 For every seed, each method is compared with the reference (``full`` unless ``--reference``)
 on that seed's examples with :func:`attnprune.runs.stats.compare_predictions` — accuracy (McNemar +
 paired bootstrap CI) and, for binary tasks with scores, AUC (DeLong).  Holm's correction runs
-over the whole family (all methods × seeds × metrics), then §9.10's decision rule sets
-``claim``.  With ≥ 2 seeds, the per-seed differences are also summarised (mean and t-interval
+over the whole family (all methods × seeds × metrics), then the decision rule (Holm-adjusted
+p below alpha and the difference at least the minimum effect) sets ``claim``.  With ≥ 2 seeds, the per-seed differences are also summarised (mean and t-interval
 across seeds).  Predictions found in several DIRs are pooled; the same (label, seed) twice
 with different contents is an error.
 """
@@ -179,12 +179,19 @@ def format_table(result: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     """Entry point: ``attnprune compare DIR [DIR ...] [--reference L] [--json FILE]``."""
-    ap = argparse.ArgumentParser(prog="attnprune compare", description=__doc__.split("\n")[0])
+    from attnprune.runs.config import plain
+
+    # every option's default in --help; the docstring as plain text, its line breaks kept
+    class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        pass
+
+    ap = argparse.ArgumentParser(prog="attnprune compare", description=plain(__doc__),
+                                 formatter_class=Formatter)
     ap.add_argument("dirs", nargs="+", metavar="DIR", help="results folders")
-    ap.add_argument("--reference", default="full", help="label compared against (default full)")
-    ap.add_argument("--alpha", type=float, default=0.05)
+    ap.add_argument("--reference", default="full", help="label compared against")
+    ap.add_argument("--alpha", type=float, default=0.05, help="significance level")
     ap.add_argument("--margin", type=float, default=0.01, help="non-inferiority margin δ")
-    ap.add_argument("--n-resamples", type=int, default=10_000)
+    ap.add_argument("--n-resamples", type=int, default=10_000, help="bootstrap resamples")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)

@@ -23,9 +23,9 @@ import yaml
 
 T = TypeVar("T")
 
-__all__ = ["RUN_CONTROL_KEYS", "CommandLine", "ConfigError", "check_training_fields",
+__all__ = ["RUN_CONTROL_KEYS", "CommandLine", "ConfigError", "check_out", "check_training_fields",
            "config_differences", "dump_yaml", "load_config", "parse_command_line",
-           "parse_overrides", "read_yaml", "to_dict"]
+           "parse_overrides", "plain", "print_help", "read_yaml", "to_dict"]
 
 # Options that steer how a command runs, not what it computes: a re-run into a results folder
 # may change them (pareto's ``--phase summary``, the attention sweeps' ``--tabulate-only``, the
@@ -265,17 +265,54 @@ def _field_comments(cls: type) -> dict[str, str]:
     return out
 
 
-def print_help(doc: str | None, cls: type) -> None:
-    """A command's ``--help``: its module docstring, then every option of its config dataclass
-    ``cls`` with its default (as typed on the command line) and its comment."""
-    print(doc)
+def plain(text: str) -> str:
+    """Help text as a terminal shows it: Sphinx roles (``:func:`x``` → x) and double
+    backquotes dropped, "§" spelled out."""
+    import re
+
+    text = re.sub(r":[a-z]+(?::[a-z]+)?:`~?([^`]*?)`", r"\1", text)
+    return text.replace("``", "").replace("§", "section ")
+
+
+# The run flags every command that writes a results folder takes (parse_command_line)
+RUN_FLAGS = (
+    ("--config FILE.yaml", "options from a YAML file (options given on the line override it)"),
+    ("--out DIR", "(default {out}) the results folder: a new <command>-<date>-<time> folder is "
+                  "made inside DIR; a DIR that holds config.yaml is resumed"),
+    ("--exact-out", "write into DIR itself instead of a new timestamped folder"),
+)
+
+
+def print_help(doc: str | None, cls: type, default_out: str | None = "results",
+               extra: tuple[tuple[str, str], ...] = ()) -> None:
+    """A command's ``--help``: its docstring as plain text, then every option of its config
+    dataclass ``cls`` with its default (as typed on the command line) and its comment, then
+    the run flags (``--config``, ``--out``, ``--exact-out``) unless ``default_out`` is None,
+    and ``extra`` (flag, text) pairs of the command's own."""
+    print(plain(doc or "").rstrip() + "\n")
     print("options (--key value; every option also reads from --config FILE.yaml):")
     notes = _field_comments(cls)
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        note = notes.get(f.name, "")
+        note = plain(notes.get(f.name, ""))
         line = f"  --{f.name.replace('_', '-'):<22} (default {_option_text(default)})"
         print(f"{line}  {note}" if note else line)
+    flags = (RUN_FLAGS if default_out is not None else ()) + tuple(extra)
+    if flags:
+        print("\nrun flags:")
+        for flag, text in flags:
+            print(f"  {flag:<24} {text.format(out=default_out)}")
+
+
+def check_out(out: str | os.PathLike) -> Path:
+    """``--out`` must name a folder (existing or not): a file there, or a file where one of
+    its parent folders should be, is a ConfigError naming --out, before any work starts."""
+    p = Path(out)
+    for q in (p, *p.parents):
+        if q.exists() and not q.is_dir():
+            what = "is a file" if q == p else f"sits below the file {q}"
+            raise ConfigError(f"out: --out {p} {what}, not a folder; give a folder path")
+    return p
 
 
 def parse_command_line(argv: list[str], cls: type[T], default_out: str = "results",
@@ -291,7 +328,7 @@ def parse_command_line(argv: list[str], cls: type[T], default_out: str = "result
     overrides.
     """
     if "--help" in argv or "-h" in argv:  # a command run as ``python -m`` documents itself too
-        print_help(sys.modules[cls.__module__].__doc__, cls)
+        print_help(sys.modules[cls.__module__].__doc__, cls, default_out)
         raise SystemExit(0)
     opts = parse_overrides(argv)
     config_path = opts.pop("config", None)
@@ -304,7 +341,7 @@ def parse_command_line(argv: list[str], cls: type[T], default_out: str = "result
     if exact not in (True, False):
         exact = _coerce("exact_out", bool, exact)
     merged = dict(defaults or {})
-    out_path = Path(str(out))
+    out_path = check_out(str(out))
     resuming = (out_path / "config.yaml").is_file()
     if resuming:
         fields = {f.name for f in dataclasses.fields(cls) if f.init}

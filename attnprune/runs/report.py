@@ -1,6 +1,6 @@
 """One self-contained HTML page per results folder (``attnprune report DIR``).
 
-Reads what every command writes (DESIGN.md contract): ``summary.json``, ``config.yaml`` and
+Reads what every command writes: ``summary.json``, ``config.yaml`` and
 the ``*.png`` figures, and writes ``DIR/report.html`` with the figures embedded as base64, so
 the file can be mailed or attached. Commands call :func:`build` at their end; the command
 rebuilds it after a partial run. Given a folder that holds several results folders (``--out``
@@ -48,6 +48,9 @@ from attnprune.runs.results import atomic_write_text
 
 __all__ = ["build", "fmt", "main", "verdict"]
 
+# overflow-wrap: break-word, not anywhere: "anywhere" lets a column shrink to its widest
+# letter, so an automatic-layout table wrapped its headers one letter a line; break-word
+# breaks inside a word only when the word alone is wider than its column.
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:1.5em auto;max-width:1100px;
 padding:0 1em;color:#222;line-height:1.4}
@@ -59,9 +62,9 @@ margin:.6em 0 1em}
 .scroll{max-width:100%}
 table{border-collapse:collapse;font-size:.85em;margin:.5em 0;max-width:100%;table-layout:auto}
 table.wide{width:100%;table-layout:auto;font-size:.72em}
-th,td{border:1px solid #d4d4d4;padding:.2em .5em;text-align:right;overflow-wrap:anywhere}
+th,td{border:1px solid #d4d4d4;padding:.2em .5em;text-align:right;overflow-wrap:break-word}
 td{white-space:normal}
-th{background:#f2f2f2;vertical-align:bottom;max-width:9em;overflow-wrap:anywhere}
+th{background:#f2f2f2;vertical-align:bottom;max-width:9em;hyphens:auto}
 table.wide th,table.wide td{padding:.15em .3em;max-width:none}
 td.l,th.l{text-align:left}
 td.w{white-space:normal;text-align:left;min-width:8em;max-width:26em}
@@ -614,9 +617,12 @@ def build(run_dir: str | Path) -> Path:
 
 def main(argv: list[str]) -> int:
     """``attnprune report DIR [DIR ...]``."""
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: attnprune report DIR [DIR ...]   (re)build DIR/report.html "
-              "(or one page per run and DIR/index.html for a folder of runs)")
+    if not argv or "-h" in argv or "--help" in argv:
+        from attnprune.runs.config import plain
+
+        print("usage: attnprune report DIR [DIR ...]\n\n(Re)build DIR/report.html (or one page "
+              "per run and DIR/index.html for a folder of runs). No options: only folders.\n")
+        print(plain(__doc__))
         return 0 if argv else 2
     for d in argv:
         try:

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +27,42 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ResultsDir", "atomic_write_bytes", "atomic_write_text", "make_run_dir"]
+__all__ = ["ResultsDir", "atomic_write_bytes", "atomic_write_text", "make_run_dir",
+           "sticky_ctrl_c"]
+
+_CTRL_C = False  # a Ctrl-C came while sticky_ctrl_c was on
+
+
+def _on_ctrl_c(signum, frame) -> None:
+    global _CTRL_C
+    _CTRL_C = True
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sticky_ctrl_c():
+    """While on (a command run as a program): Ctrl-C raises KeyboardInterrupt as usual and is
+    also remembered, so that one Python drops still stops the command, at the next finished
+    run (:meth:`ResultsDir.save_run`). Python drops it when the handler runs inside a
+    finalizer (a ``__del__`` or weakref callback run by the garbage collector): printed as
+    "Exception ignored" and gone, the command would run to its end. Left as it is where
+    SIGINT is not Python's default (ignored in a background job) or off the main thread."""
+    import signal
+    import threading
+
+    global _CTRL_C
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    _CTRL_C = False
+    signal.signal(signal.SIGINT, _on_ctrl_c)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is _on_ctrl_c:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        _CTRL_C = False
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -104,9 +140,10 @@ class ResultsDir:
 
         Reopening a folder that has a ``config.yaml`` resumes it: its finished runs are kept,
         so ``config`` must be the folder's (:meth:`check_resume`, before any work), and its
-        config.yaml stays as it is."""
-        from attnprune.runs.config import dump_yaml
+        config.yaml stays as it is. ``out`` naming a file is a ConfigError naming --out."""
+        from attnprune.runs.config import check_out, dump_yaml
 
+        check_out(out)
         resuming = exact and (Path(out) / "config.yaml").is_file()
         if resuming:
             cls.check_resume(out, config)
@@ -193,8 +230,16 @@ class ResultsDir:
         return json.loads((self.path / "runs" / f"{self._key(key)}.json").read_text())
 
     def save_run(self, key: str, record: dict) -> Path:
-        """Mark (method, seed) run ``key`` finished with its record (written last, atomically)."""
-        return self.write_json(f"runs/{self._key(key)}.json", record)
+        """Mark (method, seed) run ``key`` finished with its record (written last, atomically).
+        After a Ctrl-C that was dropped (:func:`sticky_ctrl_c`): KeyboardInterrupt, with this
+        run saved (not while an exception is being handled: the clean-up after the Ctrl-C
+        that did arrive saves its finished runs too)."""
+        global _CTRL_C
+        path = self.write_json(f"runs/{self._key(key)}.json", record)
+        if _CTRL_C and sys.exc_info()[0] is None:
+            _CTRL_C = False
+            raise KeyboardInterrupt
+        return path
 
     def save_predictions(self, label: str, seed: int, y_true, y_pred, scores=None) -> Path:
         """Per-example labels and predictions: class ids as int64, real-valued ones (the targets

@@ -20,6 +20,10 @@ from attnprune.runs.config import dump_yaml, parse_command_line
 from attnprune.runs.results import ResultsDir, make_run_dir
 
 HELP = __doc__
+# for ``attnprune reproduce synthetic --help`` (attnprune.cli.config_class): the config lives
+# in run.py, imported only when the command runs
+CONFIG = "attnprune.research.synthetic.run:SyntheticConfig"
+EXTRA_FLAGS = (("--quick", "a smoke run (small data, 2 epochs, 2 seeds), same code path"),)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,11 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         from attnprune.research.synthetic.run import SyntheticConfig
+        from attnprune.runs.config import print_help
 
-        print(HELP)
-        print("options (defaults):")
-        for k, v in SyntheticConfig().__dict__.items():
-            print(f"  --{k.replace('_', '-')} {v}")
+        print_help(HELP, SyntheticConfig, extra=EXTRA_FLAGS)
         return 0
     quick = "--quick" in argv
     argv = [a for a in argv if a != "--quick"]
