@@ -200,6 +200,7 @@ def peak_memory(fn: Callable[[], Any], interval_s: float = 2e-4) -> int:
     that is larger. Unlike ``ru_maxrss`` (a high-water mark for the whole process life), this
     works for several calls in one process. Torch's CPU allocator returns large blocks to the
     OS on free, so successive calls are comparable; very short peaks can fall between samples.
+    If the caller is already tracing with tracemalloc, it keeps tracing (its peak is reset).
     """
     import threading
 
@@ -218,16 +219,24 @@ def peak_memory(fn: Callable[[], Any], interval_s: float = 2e-4) -> int:
             done.wait(interval_s)
 
     thread = threading.Thread(target=sample, daemon=True)
-    tracemalloc.start()
+    # A caller's own tracing stays on (its peak is reset: read relative to the traced size
+    # now); otherwise trace for this call only.
+    mine = not tracemalloc.is_tracing()
+    if mine:
+        tracemalloc.start()
+    else:
+        tracemalloc.reset_peak()
+    py_base = tracemalloc.get_traced_memory()[0]
     thread.start()
     try:
         fn()
         peak = max(peak, proc.memory_info().rss)
-        _, py_peak = tracemalloc.get_traced_memory()
+        py_peak = tracemalloc.get_traced_memory()[1] - py_base
     finally:
         done.set()
         thread.join()
-        tracemalloc.stop()
+        if mine:
+            tracemalloc.stop()
     return int(max(peak - base, py_peak, 0))
 
 

@@ -52,6 +52,27 @@ def test_peak_memory_sees_a_large_tensor_each_time():
     assert peak_memory(lambda: None) < 30_000_000
 
 
+def test_peak_memory_leaves_a_callers_tracemalloc_running():
+    """A caller tracing with tracemalloc keeps tracing (before, peak_memory stopped it), and
+    the Python peak is read from where the caller's trace stood: 40 MB the caller already
+    holds do not count."""
+    import tracemalloc
+
+    from attnprune.measure import peak_memory
+
+    tracemalloc.start()
+    try:
+        held = b"x" * 40_000_000
+        assert peak_memory(lambda: None) < 30_000_000
+        assert tracemalloc.is_tracing()
+        assert peak_memory(lambda: len(b"y" * 50_000_000)) > 45_000_000
+        assert tracemalloc.is_tracing() and len(held) == 40_000_000
+    finally:
+        tracemalloc.stop()
+    peak_memory(lambda: None)
+    assert not tracemalloc.is_tracing()  # its own tracing ends with the call
+
+
 def test_time_interleaved_rotates_and_times_every_callable():
     from attnprune.measure import time_interleaved
 
