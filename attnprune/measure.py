@@ -26,8 +26,7 @@ from typing import Any
 import torch
 from torch.utils import flop_counter as fc
 
-__all__ = ["Timing", "count_flops", "env_info", "peak_memory", "return_freed_memory", "time_fn",
-           "time_interleaved"]
+__all__ = ["Timing", "count_flops", "env_info", "peak_memory", "time_fn", "time_interleaved"]
 
 
 def _sdpa_cpu_mapping() -> dict:
@@ -238,26 +237,6 @@ def peak_memory(fn: Callable[[], Any], interval_s: float = 2e-4) -> int:
         if mine:
             tracemalloc.stop()
     return int(max(peak - base, py_peak, 0))
-
-
-def return_freed_memory(threshold: int = 1 << 16) -> bool:
-    """Make glibc's malloc hand every block of ≥ ``threshold`` bytes back to the OS when freed,
-    for the rest of the process, so that :func:`peak_memory` reads each call's own growth.
-
-    By default glibc raises its mmap threshold (up to 32 MB) after large blocks are freed; later
-    blocks then come from the heap, which keeps freed memory, and a second call of the same
-    function can read 0 MB (10 × 4 MB tensors: 39.8 MB, then 0.0, then 4.0 MB; with this, 39.9,
-    40.1, 40.0, measured). Setting ``M_MMAP_THRESHOLD`` with ``mallopt`` fixes the threshold,
-    which also stops that raising. Writing this by hand: no library here exposes mallopt.
-    Returns False where the C library is not glibc (then nothing changes)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(-3, int(threshold)))  # -3: M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        return False
 
 
 def env_info(device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> dict:
