@@ -26,8 +26,7 @@ from typing import Any
 import torch
 from torch.utils import flop_counter as fc
 
-__all__ = ["Timing", "count_flops", "env_info", "peak_memory", "return_freed_memory", "time_fn",
-           "time_interleaved"]
+__all__ = ["Timing", "count_flops", "env_info", "peak_memory", "time_fn", "time_interleaved"]
 
 
 def _sdpa_cpu_mapping() -> dict:
@@ -200,6 +199,7 @@ def peak_memory(fn: Callable[[], Any], interval_s: float = 2e-4) -> int:
     that is larger. Unlike ``ru_maxrss`` (a high-water mark for the whole process life), this
     works for several calls in one process. Torch's CPU allocator returns large blocks to the
     OS on free, so successive calls are comparable; very short peaks can fall between samples.
+    If the caller is already tracing with tracemalloc, it keeps tracing (its peak is reset).
     """
     import threading
 
@@ -218,37 +218,25 @@ def peak_memory(fn: Callable[[], Any], interval_s: float = 2e-4) -> int:
             done.wait(interval_s)
 
     thread = threading.Thread(target=sample, daemon=True)
-    tracemalloc.start()
+    # A caller's own tracing stays on (its peak is reset: read relative to the traced size
+    # now); otherwise trace for this call only.
+    mine = not tracemalloc.is_tracing()
+    if mine:
+        tracemalloc.start()
+    else:
+        tracemalloc.reset_peak()
+    py_base = tracemalloc.get_traced_memory()[0]
     thread.start()
     try:
         fn()
         peak = max(peak, proc.memory_info().rss)
-        _, py_peak = tracemalloc.get_traced_memory()
+        py_peak = tracemalloc.get_traced_memory()[1] - py_base
     finally:
         done.set()
         thread.join()
-        tracemalloc.stop()
+        if mine:
+            tracemalloc.stop()
     return int(max(peak - base, py_peak, 0))
-
-
-def return_freed_memory(threshold: int = 1 << 16) -> bool:
-    """Make glibc's malloc hand every block of ≥ ``threshold`` bytes back to the OS when freed,
-    for the rest of the process, so that :func:`peak_memory` reads each call's own growth.
-
-    By default glibc raises its mmap threshold (up to 32 MB) after large blocks are freed; later
-    blocks then come from the heap, which keeps freed memory, and a second call of the same
-    function can read 0 MB (10 × 4 MB tensors: 39.8 MB, then 0.0, then 4.0 MB; with this, 39.9,
-    40.1, 40.0, measured). Setting ``M_MMAP_THRESHOLD`` with ``mallopt`` fixes the threshold,
-    which also stops that raising. Writing this by hand: no library here exposes mallopt.
-    Returns False where the C library is not glibc (then nothing changes)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(-3, int(threshold)))  # -3: M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        return False
 
 
 def env_info(device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> dict:

@@ -164,7 +164,10 @@ class Prefilled:
     ``logits`` (B, V) predict the first new token; ``kept`` (B, L) marks the prompt tokens in
     the pruned layers' cache (every real token below a FastV cut); ``scores`` (B, L) are I_j;
     ``groups`` the layer ranges that share one cached length, ``keys`` their (B, cached) key
-    validity; ``positions`` (B,) the position of the next token.
+    validity and ``padded`` whether those hold padding (decided once, at the prefill, so that
+    a decode step reads nothing back from the device); ``positions`` (B,) the position of the
+    next token; ``slots`` the sequence's length so far (prompt slots + decoded tokens), which
+    a sliding window bounds.
     """
 
     logits: Tensor
@@ -173,7 +176,9 @@ class Prefilled:
     cache: object
     groups: list[tuple[int, int]]
     keys: list[Tensor]
+    padded: list[bool]
     positions: Tensor
+    slots: int
     decoder: object = field(repr=False)
 
 
@@ -183,7 +188,9 @@ def prefill(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None =
     """Run the prompt (B, L) (left padded; ``attention_mask`` 1 = real) with pruning.
 
     ``options`` are :class:`PrefillConfig`'s fields (or give ``config``); ``max_new_tokens``
-    only checks that the generation will fit a sliding window.
+    only checks up front that the generation will fit a sliding window (:func:`decode` checks
+    each step anyway). The prefill reads a few values back from the device (the kept counts
+    set the pruned cache's length); the decode steps read none.
     """
     from attnprune.hosts.hf_prefill import decoder_for
 
@@ -194,12 +201,13 @@ def prefill(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None =
     if attention_mask is not None and bool((real[:, 1:] < real[:, :-1]).any()):
         raise ValueError("attention_mask: rows must be left padded (padding before the prompt)")
     dec.check_window(L + max_new_tokens)
+    padded = attention_mask is not None and not bool(real.all())
     K, N = cfg.cut(dec.n_layers), dec.n_layers
     positions = (real.long().cumsum(1) - 1).clamp_min(0)  # (B, L) as HF generate numbers them
     cache = dec.new_cache()
     h = dec.embed(input_ids, positions)  # (B, L, d)
     rope = dec.rope(h, positions)  # rotary families' (cos, sin); None for GPT-2
-    h = dec.run(0, K, h, rope, real, cache if cfg.method == "fastv" else None)
+    h = dec.run(0, K, h, rope, real if padded else None, cache if cfg.method == "fastv" else None)
     w = min(cfg.window, L)
     q, k, scaling, softcap = dec.qk(K, h, rope, w)
     scores = window_scores(q, k, real, scaling, softcap)  # (B, L)
@@ -207,30 +215,36 @@ def prefill(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None =
         scores = torch.rand(real.shape, generator=torch.Generator().manual_seed(0)).to(scores) * real
     kept = select_kept(scores, real, cfg.keep, cfg.sinks, cfg.window)
     index, kmask = kept_index(kept)  # (B, K'), right aligned
+    kpadded = not bool(kmask.all())  # rows kept different counts
     rope_k = None if rope is None else (_take(rope[0], index), _take(rope[1], index))
     if cfg.method == "fastv":
-        h = dec.run(K, N, _take(h, index), rope_k, kmask, cache)
-        groups, keys = [(0, K), (K, N)], [real, kmask]
+        h = dec.run(K, N, _take(h, index), rope_k, kmask if kpadded else None, cache)
+        groups, keys, pads = [(0, K), (K, N)], [real, kmask], [padded, kpadded]
     else:  # GemFilter: every layer again, on the kept tokens only
         kept_ids, kept_pos = torch.gather(input_ids, 1, index), torch.gather(positions, 1, index)
-        h = dec.run(0, N, dec.embed(kept_ids, kept_pos), rope_k, kmask, cache)
-        groups, keys = [(0, N)], [kmask]
+        h = dec.run(0, N, dec.embed(kept_ids, kept_pos), rope_k, kmask if kpadded else None, cache)
+        groups, keys, pads = [(0, N)], [kmask], [kpadded]
     return Prefilled(logits=dec.logits(h[:, -1]), kept=kept, scores=scores, cache=cache,
-                     groups=groups, keys=keys, positions=positions[:, -1] + 1, decoder=dec)
+                     groups=groups, keys=keys, padded=pads, positions=positions[:, -1] + 1,
+                     slots=L, decoder=dec)
 
 
 @torch.inference_mode()
 def decode(state: Prefilled, ids: Tensor) -> Tensor:
     """One decode step: the next tokens ``ids`` (B, 1) through the pruned cache; returns their
-    logits (B, V) and advances ``state`` (cache, key masks, positions)."""
+    logits (B, V) and advances ``state`` (cache, key masks, positions). ValueError naming
+    ``sliding_window`` (GPT-2: ``n_positions``) when the sequence would outgrow the model's
+    window, before anything changes. Reads nothing back from the device."""
     dec = state.decoder
+    dec.check_window(state.slots + 1)
     pos = state.positions[:, None]  # (B, 1)
     h = dec.embed(ids, pos)  # (B, 1, d)
     rope = dec.rope(h, pos)
     for i, (start, stop) in enumerate(state.groups):
         state.keys[i] = torch.cat([state.keys[i], torch.ones_like(ids, dtype=torch.bool)], dim=1)
-        h = dec.run(start, stop, h, rope, state.keys[i], state.cache)
+        h = dec.run(start, stop, h, rope, state.keys[i] if state.padded[i] else None, state.cache)
     state.positions = state.positions + 1
+    state.slots += 1
     return dec.logits(h[:, -1])
 
 

@@ -4,6 +4,8 @@ batches; bad options name the field."""
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
@@ -20,11 +22,31 @@ TINY = {"width": 64, "layers": 4, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab"
         "window": 4, "sinks": 1}
 
 
+def _spy_on_mallopt(monkeypatch) -> list[tuple]:
+    """Record every call of ``mallopt`` through ctypes in this process (the way Python code
+    reaches it) and stop it there: a check that the setting is not made here, not a timing."""
+    import ctypes
+
+    seen: list[tuple] = []
+    get_attr, get_item = ctypes.CDLL.__getattr__, ctypes.CDLL.__getitem__
+
+    def fake(*args):
+        seen.append(args)
+        return 1
+
+    monkeypatch.setattr(ctypes.CDLL, "__getattr__",
+                        lambda self, name: fake if name == "mallopt" else get_attr(self, name))
+    monkeypatch.setattr(ctypes.CDLL, "__getitem__",
+                        lambda self, name: fake if name == "mallopt" else get_item(self, name))
+    return seen
+
+
+GLIBC = platform.libc_ver()[0] == "glibc"
+
+
 def test_rows_have_baselines_decode_and_memory(monkeypatch):
     from attnprune.bench import prefill as bp
 
-    # the fixed mmap threshold would stay for the rest of the test process: off here
-    monkeypatch.setattr(bp, "return_freed_memory", lambda: True)
     cfg = BenchPrefillConfig(lengths=(48,), decode_tokens=2, **TINY)
     model = build_model(cfg)
     others = baselines(model, cfg)
@@ -32,8 +54,16 @@ def test_rows_have_baselines_decode_and_memory(monkeypatch):
     assert len(others["layers=2"].model.layers) == 2 and len(model.model.layers) == 4
     listed = bench_length(model, cfg, 48, others)
     assert all(r["peak_mb"] is None for r in listed)  # filled after every timing
-    bp._fill_peaks(listed)
-    assert all("_fns" not in r for r in listed)
+    children = []
+    in_child = bp.in_child
+    monkeypatch.setattr(bp, "in_child", lambda *a, **k: children.append(in_child(*a, **k))
+                        or children[-1])
+    mallopt = _spy_on_mallopt(monkeypatch)
+    bp._fill_peaks(listed, cfg)
+    # the fixed mmap threshold was set in the child only: this process's malloc is as it was
+    # (it was set here for good before, and every later allocation in the process paid)
+    assert mallopt == []
+    assert len(children) == 1 and children[0]["fixed"] == GLIBC
     rows = {r["variant"]: r for r in listed}
     assert set(rows) == {"stock", "layers=2", "int8", "fastv 0.25", "fastv 1", "fastv 0.25+int8"}
     for r in rows.values():
@@ -79,3 +109,39 @@ def test_decode_runs_through_the_pruned_cache():
     _pruned_decode(model, ids, mask, {"method": "fastv", "keep": 0.25, "layer": 1, "window": 4,
                                       "sinks": 1}, 2)()
     _stock_decode(model, ids, mask, 2)()
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
+def test_return_freed_memory_makes_repeated_peaks_comparable(monkeypatch):
+    """In a fresh process: the second of three identical calls (10 × 4 MB tensors) reads about
+    0 MB by default (glibc kept the freed blocks), about 40 MB each after return_freed_memory().
+    And the spy above sees the setting when it is made in this process (stopped there)."""
+    import subprocess
+    import sys
+
+    from attnprune.bench._memory import return_freed_memory
+
+    seen = _spy_on_mallopt(monkeypatch)
+    assert return_freed_memory(1 << 16) and seen == [(-3, 1 << 16)]
+
+    code = """
+import sys, torch
+from attnprune.bench._memory import return_freed_memory
+from attnprune.measure import peak_memory
+def f():
+    xs = [torch.ones(2**20) for _ in range(10)]
+    return sum(float(x[0]) for x in xs)
+peak_memory(f)
+if sys.argv[1] == "fix":
+    assert return_freed_memory()
+print(" ".join(str(round(peak_memory(f) / 2**20, 1)) for _ in range(3)))
+"""
+    def run(mode):
+        out = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True,
+                             timeout=120, check=True).stdout.split()
+        return [float(x) for x in out]
+
+    fixed = run("fix")
+    assert all(35 < x < 50 for x in fixed), fixed
+    default = run("default")
+    assert min(default) < 20, default  # the failure it fixes: some call reads far too little

@@ -247,3 +247,118 @@ def test_refusals():
         P.generate(tiny("gpt2"), *left_padded([44]), max_new_tokens=8)
     with pytest.raises(ValueError, match="LM head"):
         P.generate(tiny("gpt2").transformer, ids, mask)
+
+
+# -- sliding windows while decoding ----------------------------------------------------------------
+@pytest.mark.parametrize("family,field", [("mistral", "sliding_window"), ("gemma2", "sliding_window"),
+                                          ("gpt2", "n_positions")])
+def test_decode_refuses_to_leave_the_window(family, field):
+    """prefill() checks only ``max_new_tokens`` (default 0): decode() itself refuses the step
+    that would make the sequence longer than the window (before, Mistral decoded on with no
+    error and Gemma-2 crashed with a shape error), leaving the state as it was; every step up
+    to the window's last slot equals the stock model."""
+    if family == "gpt2":
+        model, L, window = tiny("gpt2"), 42, 48  # GPT-2's table has 48 positions here
+    else:
+        model, L, window = test_hf_llama.tiny(family, sliding_window=16), 10, 16
+    ids, mask = left_padded([L, L - 3], L=L)
+    n = window - L + 1  # new tokens; the last one never enters the cache
+    tokens, logits = stock_generate(model, ids, mask, n)
+    st = P.prefill(model, ids, mask, keep=1.0, layer=1)
+    for t in range(n - 1):  # the stock tokens through the cache, up to `window` slots
+        got = P.decode(st, tokens[:, t:t + 1])
+        assert (got - logits[:, t + 1]).abs().max() <= 1e-5, t
+    before = (st.positions.clone(), [k.shape for k in st.keys], st.cache.get_seq_length(0))
+    with pytest.raises(ValueError, match=field):
+        P.decode(st, tokens[:, -1:])
+    assert st.slots == window and torch.equal(st.positions, before[0])
+    assert [k.shape for k in st.keys] == before[1] and st.cache.get_seq_length(0) == before[2]
+    pruned = P.prefill(model, ids, mask, keep=0.5, layer=1, window=3, sinks=1)
+    for t in range(n - 1):
+        P.decode(pruned, tokens[:, t:t + 1])
+    with pytest.raises(ValueError, match=field):  # a pruned cache is no exception
+        P.decode(pruned, tokens[:, -1:])
+
+
+# -- no device reads while decoding ----------------------------------------------------------------
+def _to_meta(model, state):
+    """The model and a prefilled state on the meta device, where every read of a value
+    (``bool()``, ``.item()``, ``.tolist()``) raises."""
+    model.to("meta")
+    for layer in state.cache.layers:
+        for name, v in list(vars(layer).items()):
+            if isinstance(v, torch.Tensor):
+                setattr(layer, name, v.to("meta"))
+            elif isinstance(v, torch.device):
+                setattr(layer, name, torch.device("meta"))
+    state.keys = [k.to("meta") for k in state.keys]
+    state.positions = state.positions.to("meta")
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "phi3", "gpt2"])
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("lengths", [[20, 13], [20, 20]])
+def test_decode_steps_read_nothing_from_the_device(family, method, lengths):
+    """A decode step makes no device sync (on a GPU each one would stall the loop): after a
+    prefill on the CPU, steps run on the meta device, where any host read raises. Padded and
+    unpadded caches (keys passed as a mask / as None). Failed before: ``bool(keys.all())``
+    once per cache group per step."""
+    model = tiny(family)
+    ids, mask = left_padded(lengths, L=20)
+    st = P.prefill(model, ids, mask, keep=0.5, method=method, layer=1, window=3, sinks=1)
+    _to_meta(model, st)
+    nxt = st.logits.argmax(-1, keepdim=True).to("meta")
+    for _ in range(2):
+        out = P.decode(st, nxt)
+    assert out.shape == (2, V) and out.device.type == "meta"
+    assert st.padded[-1] == (lengths[0] != lengths[1])
+    with pytest.raises(Exception, match="meta"):  # the check has teeth: a read raises here
+        bool(st.keys[0].all())
+
+
+# -- defaults and soft-capping -----------------------------------------------------------------
+def test_default_cut_layer():
+    """FastV's default cut is K = N / 16, at least 1 (layer 2 of 32), GemFilter's ≈ 0.4 N; a
+    prefill with no ``layer`` cuts there (every other test passes ``layer=``)."""
+    assert [P.PrefillConfig().cut(n) for n in (4, 16, 32, 40)] == [1, 1, 2, 2]
+    assert [P.PrefillConfig(method="gemfilter").cut(n) for n in (4, 32)] == [2, 13]
+    model = tiny("llama")
+    model.set_attn_implementation("eager")
+    ids, mask = left_padded([32, 20])
+    st = P.prefill(model, ids, mask, keep=0.25, window=4, sinks=2)  # the default: K = 1 of 4
+    assert [st.cache.get_seq_length(l) for l in range(4)] == [32, 8, 8, 8]
+    pos = (mask.cumsum(1) - 1).clamp_min(0)
+    A = model(ids, attention_mask=mask, position_ids=pos, output_attentions=True).attentions[1]
+    for b in range(2):
+        want = A[b, :, -4:][:, mask[b, -4:].bool()].mean(dim=(0, 1)) * mask[b]
+        assert torch.allclose(st.scores[b], want, atol=1e-5)
+
+
+def test_window_scores_soft_cap_where_it_matters():
+    """Gemma-2's attention soft-cap (its real 50) at a scale where it changes the scores: layer
+    K's q/k weights ×100 give logits up to ~66, and I_j still equals the eager model's
+    attention. At the tiny model's own scale (|s| < 0.01) the cap is the identity, so
+    dropping it went unseen."""
+    model = test_hf_llama.tiny("gemma2")
+    assert model.config.attn_logit_softcapping == 50.0
+    model.set_attn_implementation("eager")
+    dec, K, w = decoder_for(model), 2, 5
+    with torch.no_grad():
+        attn = model.model.layers[K].self_attn
+        attn.q_proj.weight.mul_(100.0)
+        attn.k_proj.weight.mul_(100.0)
+    ids, mask = left_padded([20, 13])
+    pos = (mask.cumsum(1) - 1).clamp_min(0)
+    out = model(ids, attention_mask=mask, position_ids=pos, output_attentions=True,
+                output_hidden_states=True)
+    h = out.hidden_states[K]
+    q, k, s, cap = dec.qk(K, h, dec.rope(h, pos), w)
+    got = P.window_scores(q, k, mask.bool(), s, cap)
+    uncapped = P.window_scores(q, k, mask.bool(), s, None)
+    assert (got - uncapped).abs().max() > 1e-2  # the cap matters at this scale
+    st = P.prefill(model, ids, mask, keep=0.5, layer=K, window=w)
+    A = out.attentions[K].float()
+    for b in range(2):
+        want = A[b, :, -w:][:, mask[b, -w:].bool()].mean(dim=(0, 1)) * mask[b]
+        assert torch.allclose(got[b], want, atol=1e-5)
+        assert torch.allclose(st.scores[b], want, atol=1e-5)

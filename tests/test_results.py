@@ -25,6 +25,26 @@ def test_atomic_write_leaves_no_temp(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["a.txt"]  # no temp left behind
 
 
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_atomic_write_honours_the_umask(tmp_path, umask, mode):
+    """Files written atomically (results, report.html) get 0666 minus the umask, as a plain
+    open() gives; they were 0600 whatever the umask (tempfile.mkstemp)."""
+    import os
+    import stat
+
+    old = os.umask(umask)
+    try:
+        p = atomic_write_text(tmp_path / "a.txt", "one")
+        rd = ResultsDir(tmp_path)
+        rd.write_json("summary.json", {"command": "test", "methods": {}})
+        page = build(tmp_path)
+    finally:
+        os.umask(old)
+    for f in (p, tmp_path / "summary.json", page):
+        assert stat.S_IMODE(f.stat().st_mode) == mode, f.name
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["a.txt", "report.html", "summary.json"]
+
+
 def test_run_dir_and_resume(tmp_path):
     d1 = make_run_dir(tmp_path, "reproduce synthetic")
     d2 = make_run_dir(tmp_path, "reproduce synthetic")

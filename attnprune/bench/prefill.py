@@ -19,9 +19,10 @@ left padded (as a batch of real prompts arrives); otherwise every row fills L. P
 with the same interleaving: ``decode_ms`` the mean time of each of ``decode_tokens`` greedy
 decode steps after the prefill (through the pruned cache for pruned variants), and
 ``peak_mb`` the peak growth of resident memory during one prefill
-(:func:`attnprune.measure.peak_memory`, after every timing, under
-:func:`attnprune.measure.return_freed_memory` so that memory an earlier variant freed does not
-hide a later one's; ``decode_tokens 0`` / ``memory false`` disable each).
+(:func:`attnprune.measure.peak_memory`, after every timing, in a process of its own that runs
+under a fixed glibc mmap threshold, :func:`attnprune.bench._memory.return_freed_memory`, so that
+memory an earlier variant freed does not hide a later one's, while the calling process's
+malloc stays as it was; ``decode_tokens 0`` / ``memory false`` disable each).
 
 Timing: :func:`attnprune.measure.time_interleaved` (variants round-robin, warm-up discarded,
 median and MAD of ``repeats`` rounds), ``clock`` "wall" (time to first token) or "cpu" (this
@@ -38,11 +39,11 @@ from dataclasses import dataclass
 
 import torch
 
+from attnprune.bench._memory import in_child, return_freed_memory
 from attnprune.measure import (
     count_flops,
     env_info,
     peak_memory,
-    return_freed_memory,
     time_interleaved,
 )
 from attnprune.prefill import PrefillConfig, prefill
@@ -187,11 +188,11 @@ def _pruned_decode(model, ids, mask, opts, steps: int):
     return run
 
 
-def bench_length(model, cfg: BenchPrefillConfig, L: int, others: dict | None = None) -> list[dict]:
-    """One row per variant at prompt length L (``others``: :func:`baselines`' models)."""
-    ids, mask = prompts(cfg, L)
+def _prefill_fns(model, cfg: BenchPrefillConfig, others: dict | None, ids, mask):
+    """Label → a callable running that variant's prefill on (ids, mask), and label →
+    (model, prefill options or None for a stock forward)."""
     models = {"stock": model, **(others or {})}
-    fns, kept, plans = {}, {}, {}
+    fns, plans = {}, {}
     for label, m in models.items():
         def fn(m=m):
             with torch.inference_mode():
@@ -210,8 +211,16 @@ def bench_length(model, cfg: BenchPrefillConfig, L: int, others: dict | None = N
 
         def fn(m=m, opts=opts):
             return prefill(m, ids, mask, **opts).logits
-        kept[label] = float(prefill(m, ids, mask, **opts).kept[mask.bool()].float().mean())
         fns[label], plans[label] = fn, (m, opts)
+    return fns, plans
+
+
+def bench_length(model, cfg: BenchPrefillConfig, L: int, others: dict | None = None) -> list[dict]:
+    """One row per variant at prompt length L (``others``: :func:`baselines`' models)."""
+    ids, mask = prompts(cfg, L)
+    fns, plans = _prefill_fns(model, cfg, others, ids, mask)
+    kept = {label: float(prefill(m, ids, mask, **opts).kept[mask.bool()].float().mean())
+            for label, (m, opts) in plans.items() if opts is not None}
     clock = time.perf_counter if cfg.clock == "wall" else time.process_time
     timings = time_interleaved(fns, repeats=cfg.repeats, warmup=cfg.warmup, clock=clock)
     flops = ({label: count_flops(fn) for label, fn in fns.items() if "int8" not in label}
@@ -237,23 +246,44 @@ def bench_length(model, cfg: BenchPrefillConfig, L: int, others: dict | None = N
                      "flops_relative": (flops[label] / flops["stock"]) if label in flops else None,
                      "decode_ms": dec.get(label), "peak_mb": None,
                      "times_ms": [x * 1e3 for x in t.times_s]})
-    rows[0]["_fns"] = fns  # for peak_mb (filled by run after every timing; dropped there)
     return rows
 
 
-def _fill_peaks(rows: list[dict]) -> None:
-    """``peak_mb`` of every row, one prefill each, after :func:`return_freed_memory`: with a
-    fixed mmap threshold every block goes back to the OS when freed, so each variant's own
-    growth shows; it also makes allocations slower, so it runs after all the timings."""
-    return_freed_memory()
+def _fill_peaks(rows: list[dict], cfg: BenchPrefillConfig) -> None:
+    """``peak_mb`` of every row, one prefill each, measured in a child process
+    (:func:`_peaks`) that rebuilds the same model and prompts from ``cfg``: its fixed mmap
+    threshold (every block goes back to the OS when freed, so each variant's own growth shows)
+    slows allocation down for good, and stays in the child."""
+    wanted: dict[int, list[str]] = {}
     for r in rows:
-        fns = r.pop("_fns", None)
-        if fns is None:
-            continue
-        peaks = {label: peak_memory(fn) / 2**20 for label, fn in fns.items()}
-        for q in rows:
-            if q["length"] == r["length"] and q["variant"] in peaks:
-                q["peak_mb"] = peaks[q["variant"]]
+        wanted.setdefault(r["length"], []).append(r["variant"])
+    payload = {"config": to_dict(cfg), "wanted": {str(L): v for L, v in wanted.items()}}
+    peaks = in_child("attnprune.bench.prefill:_peaks", payload)["peaks"]
+    for r in rows:
+        r["peak_mb"] = peaks[str(r["length"])][r["variant"]]
+
+
+def _peaks(payload: dict) -> dict:
+    """In the child process of :func:`_fill_peaks`: {"peaks": {length: {variant: peak MB}},
+    "fixed": whether the mmap threshold was fixed (glibc)}. Every prefill runs once first (as
+    the timings ran them before), then the threshold is fixed and each is measured once."""
+    d = payload["config"]
+    cfg = BenchPrefillConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model = build_model(cfg)
+    others = baselines(model, cfg)
+    fns = {}
+    for L, labels in payload["wanted"].items():
+        ids, mask = prompts(cfg, int(L))
+        every = _prefill_fns(model, cfg, others, ids, mask)[0]
+        fns[L] = {label: every[label] for label in labels}
+    for by_label in fns.values():
+        for fn in by_label.values():
+            fn()
+    fixed = return_freed_memory()
+    return {"fixed": fixed, "peaks": {L: {label: peak_memory(fn) / 2**20 for label, fn in
+                                          by_label.items()} for L, by_label in fns.items()}}
 
 
 def run(cfg: BenchPrefillConfig, progress=print) -> dict:
@@ -266,12 +296,10 @@ def run(cfg: BenchPrefillConfig, progress=print) -> dict:
     for L in cfg.lengths:
         rows += bench_length(model, cfg, L, others)
         progress(format_table({"rows": [r for r in rows if r["length"] == L]}, header=L == cfg.lengths[0]))
-    if cfg.memory:  # after every timing: a fixed mmap threshold slows allocation down
-        _fill_peaks(rows)
+    if cfg.memory:  # after every timing, in a process of its own (see _fill_peaks)
+        _fill_peaks(rows, cfg)
         progress("peak MB: " + ", ".join(f"{r['length']} {r['variant']} {r['peak_mb']:.1f}"
                                          for r in rows))
-    for r in rows:
-        r.pop("_fns", None)
     return {"command": "bench prefill", "env": {**env_info(), "clock": cfg.clock},
             "config": to_dict(cfg), "rows": rows}
 

@@ -30,8 +30,10 @@ int8 dynamic path is 1.1–1.3× *slower* than fp32 here, run eagerly (its int8 
 subclass; ``torch.compile`` was not tried, nor the reason profiled). ``torch.ao.quantization
 .quantize_dynamic`` is deprecated in 2.13 but still works (FBGEMM int8 GEMM) and is 2.4× faster
 than fp32 at both batch sizes, so it is the default; its deprecation warnings are silenced
-inside :func:`quantize_int8` only. torchao stays an option (``backend="torchao"``) and is not
-a dependency.
+inside :func:`quantize_int8` only. torchao stays an option (``backend="torchao"``, imported
+only then) and is not a dependency. The ``[dev]`` extra pins torchao below 0.15: transformers
+imports torchao ≥ 0.15 at every model load, where on a CPU torch it prints that its CUDA
+kernels fail to load; 0.14.1 runs this backend in pure Python and transformers leaves it alone.
 """
 
 from __future__ import annotations

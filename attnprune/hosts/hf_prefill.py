@@ -78,13 +78,15 @@ class _Decoder:
     def run(self, start: int, stop: int, h: Tensor, rope, keys: Tensor | None,
             cache: DynamicCache | None) -> Tensor:
         """Layers ``start`` … ``stop − 1`` on ``h`` (B, K, d); ``keys`` (B, past + K) bool marks
-        valid keys (the cached ones, then these K), None = all valid. Every layer of the range
-        holds the same cached length, so one mask serves them all."""
+        valid keys (the cached ones, then these K), None = all valid (the caller knows: no
+        padding, SDPA's is_causal path). Every layer of the range holds the same cached length,
+        so one mask serves them all. Reads nothing back from the device."""
         if start >= stop:
             return h
-        if keys is not None and bool(keys.all()):
-            keys = None  # no padding: SDPA's is_causal path (no (B, 1, K, K) mask)
-        mask = create_causal_mask(self.config, h, keys, cache, position_ids=None, layer_idx=start)
+        # allow_is_causal_skip=False: with a padding mask HF would test it on the host
+        # (``fast_all``), a device sync per call; the caller passes None when there is none
+        mask = create_causal_mask(self.config, h, keys, cache, position_ids=None, layer_idx=start,
+                                  allow_is_causal_skip=keys is None)
         for layer in self._layers()[start:stop]:
             h = self._call(layer, h, mask, rope, cache)
         return h

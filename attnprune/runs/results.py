@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import secrets
 import sys
 import tempfile
 import time
@@ -66,10 +67,22 @@ def sticky_ctrl_c():
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename).
+    The file gets the mode a plain ``open(path, "w")`` would: 0666 minus the umask."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # Not tempfile.mkstemp: it creates 0600 whatever the umask. O_EXCL with a random name is
+    # its safety; mode 0o666 lets the kernel apply the umask (no process-wide umask read).
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                         0o666)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temporary name next to {path}")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
