@@ -28,8 +28,8 @@ from tqdm import tqdm
 
 from attnprune.api import patch, unpatch
 from attnprune.measure import count_flops, env_info, time_fn
-from attnprune.runs.config import parse_command_line, to_dict
-from attnprune.runs.results import ResultsDir
+from attnprune.runs.command import run_command, save_table
+from attnprune.runs.config import to_dict
 
 TARGET_RATIO = 0.95  # issue 4: modulation through SDPA keeps ≥ 95 % of the dense tokens/s
 
@@ -162,12 +162,5 @@ def format_table(summary: dict) -> str:
 
 def main(argv: list[str]) -> int:
     """CLI entry: ``attnprune bench attention [--key value ...] --out DIR``."""
-    cl = parse_command_line(argv, BenchAttentionConfig, default_out="results")
-    out = ResultsDir.start(cl.out, "bench-attention", cl.exact_out, cl.config)
-    summary = run(cl.config)
-    out.write_json("summary.json", summary)
-    table = format_table(summary)
-    out.write_text("table.txt", table + "\n")
-    print(table)
-    print(f"results: {out.path}")
-    return 0
+    return run_command(argv, BenchAttentionConfig, "bench-attention",
+                       lambda cfg, out: save_table(out, run(cfg), format_table, "table.txt"))

@@ -41,8 +41,8 @@ import torch.nn.functional as F
 
 from attnprune.measure import env_info, time_interleaved
 from attnprune.methods.crisp import topk_row_mask
-from attnprune.runs.config import parse_command_line, to_dict
-from attnprune.runs.results import ResultsDir
+from attnprune.runs.command import run_command, save_table
+from attnprune.runs.config import to_dict
 
 
 @dataclass(frozen=True)
@@ -305,12 +305,5 @@ def format_table(summary: dict) -> str:
 
 def main(argv: list[str]) -> int:
     """CLI entry: ``attnprune bench flex [--key value ...] --out DIR``."""
-    cl = parse_command_line(argv, BenchFlexConfig, default_out="results")
-    out = ResultsDir.start(cl.out, "bench-flex", cl.exact_out, cl.config)
-    summary = run(cl.config)
-    out.write_json("summary.json", summary)
-    table = format_table(summary)
-    out.write_text("table.md", table + "\n")
-    print(table)
-    print(f"results: {out.path}")
-    return 0
+    return run_command(argv, BenchFlexConfig, "bench-flex",
+                       lambda cfg, out: save_table(out, run(cfg), format_table))

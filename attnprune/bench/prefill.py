@@ -47,8 +47,8 @@ from attnprune.measure import (
     time_interleaved,
 )
 from attnprune.prefill import PrefillConfig, prefill
-from attnprune.runs.config import parse_command_line, to_dict
-from attnprune.runs.results import ResultsDir
+from attnprune.runs.command import run_command, save_table
+from attnprune.runs.config import to_dict
 
 
 @dataclass(frozen=True)
@@ -319,13 +319,13 @@ def format_table(summary: dict, header: bool = True) -> str:
 
 def main(argv: list[str]) -> int:
     """CLI entry: ``python -m attnprune.bench.prefill [--key value ...] --out DIR``."""
-    cl = parse_command_line(argv, BenchPrefillConfig, default_out="results")
-    out = ResultsDir.start(cl.out, "bench-prefill", cl.exact_out, cl.config)
-    summary = run(cl.config)
-    out.write_json("summary.json", summary)
-    out.write_text("table.txt", format_table(summary) + "\n")
-    print(f"threads={summary['env']['threads']} clock={cl.config.clock}; results: {out.path}")
-    return 0
+
+    def body(cfg, out) -> str:
+        summary = run(cfg)
+        save_table(out, summary, format_table, "table.txt")
+        return f"threads={summary['env']['threads']} clock={cfg.clock}"
+
+    return run_command(argv, BenchPrefillConfig, "bench-prefill", body)
 
 
 if __name__ == "__main__":

@@ -116,23 +116,18 @@ def format_bench(rows: list[dict], cfg: BenchConfig) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``attnprune bench sparse-ffn [--key value ...] --out DIR`` (or ``python -m
-    attnprune.deploy.sparse_ffn``): print the break-even curve; ``summary.json`` and ``table.md`` in
-    the results folder."""
+    """``attnprune bench sparse-ffn [--key value ...] --out DIR``: print the break-even curve;
+    ``summary.json`` and ``table.md`` in the results folder."""
     from attnprune.measure import env_info
-    from attnprune.runs.config import parse_command_line, to_dict
-    from attnprune.runs.results import ResultsDir
+    from attnprune.runs.command import run_command, save_table
+    from attnprune.runs.config import to_dict
 
-    cl = parse_command_line(argv, BenchConfig, default_out="results")
-    out = ResultsDir.start(cl.out, "bench-sparse-ffn", cl.exact_out, cl.config)
-    rows = bench(cl.config)
-    table = format_bench(rows, cl.config)
-    out.write_json("summary.json", {"command": "bench sparse-ffn", "env": env_info(),
-                                    "config": to_dict(cl.config), "rows": rows})
-    out.write_text("table.md", table)
-    print(table)
-    print(f"results: {out.path}")
-    return 0
+    def body(cfg, out) -> str:
+        summary = {"command": "bench sparse-ffn", "env": env_info(), "config": to_dict(cfg),
+                   "rows": bench(cfg)}
+        return save_table(out, summary, lambda s: format_bench(s["rows"], cfg).rstrip("\n"))
+
+    return run_command(argv, BenchConfig, "bench-sparse-ffn", body)
 
 
 if __name__ == "__main__":

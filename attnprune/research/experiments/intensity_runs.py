@@ -53,7 +53,8 @@ import yaml
 from attnprune import api
 from attnprune.measure import count_flops, env_info, time_interleaved
 from attnprune.runs import stats
-from attnprune.runs.config import ConfigError, load_config, parse_command_line, to_dict
+from attnprune.runs.command import run_command
+from attnprune.runs.config import ConfigError, load_config, to_dict
 from attnprune.runs.results import ResultsDir
 
 # run number → (label, intensity preset or None for the baseline, what it is)
@@ -424,12 +425,12 @@ def run(cfg: IntensityRunsConfig, results: ResultsDir) -> dict:
 
 def main(argv: list[str]) -> int:
     """CLI entry: ``[--config FILE] [--key value ...] --out DIR``."""
-    cl = parse_command_line(argv, IntensityRunsConfig, default_out="results")
-    out = ResultsDir.start(cl.out, "intensity-runs", cl.exact_out, cl.config)
-    run(cl.config, out)
-    print((out.path / "table.md").read_text())
-    print(f"results: {out.path}")
-    return 0
+
+    def body(cfg, out) -> str:
+        run(cfg, out)
+        return (out.path / "table.md").read_text()
+
+    return run_command(argv, IntensityRunsConfig, "intensity-runs", body)
 
 
 if __name__ == "__main__":

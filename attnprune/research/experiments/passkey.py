@@ -550,14 +550,12 @@ def train_and_save(cfg: PasskeyConfig, out, progress=print) -> dict:
 
 def main(argv: list[str]) -> int:
     """``python -m attnprune.research.experiments.passkey [--key value ...] --out DIR``."""
-    from attnprune.runs.config import parse_command_line
-    from attnprune.runs.results import ResultsDir
+    from attnprune.runs.command import run_command
 
-    cl = parse_command_line(argv, PasskeyConfig, default_out="results")
-    out = ResultsDir.start(cl.out, "passkey", cl.exact_out, cl.config)
-    run(cl.config, out)
-    print(f"results: {out.path}")
-    return 0
+    def body(cfg, out) -> None:
+        run(cfg, out)
+
+    return run_command(argv, PasskeyConfig, "passkey", body)
 
 
 if __name__ == "__main__":

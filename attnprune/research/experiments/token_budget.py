@@ -36,7 +36,8 @@ import torch
 from attnprune import api
 from attnprune.measure import env_info
 from attnprune.runs import stats
-from attnprune.runs.config import check_training_fields, parse_command_line, to_dict
+from attnprune.runs.command import run_command
+from attnprune.runs.config import check_training_fields, to_dict
 from attnprune.runs.report import fmt_mean_ci
 from attnprune.runs.results import ResultsDir
 
@@ -295,13 +296,12 @@ def run(cfg: BudgetConfig, results: ResultsDir) -> dict:
 
 def main(argv: list[str]) -> int:
     """CLI entry: ``[--config FILE] [--key value ...] --out DIR``."""
-    cl = parse_command_line(argv, BudgetConfig, default_out="results")
-    out = ResultsDir.start(cl.out, "token-budget", cl.exact_out, cl.config)
-    run(cl.config, out)
-    print((out.path / "table1.md").read_text())
-    print((out.path / "table2.md").read_text())
-    print(f"results: {out.path}")
-    return 0
+
+    def body(cfg, out) -> str:
+        run(cfg, out)
+        return (out.path / "table1.md").read_text() + "\n" + (out.path / "table2.md").read_text()
+
+    return run_command(argv, BudgetConfig, "token-budget", body)
 
 
 if __name__ == "__main__":
