@@ -4,6 +4,7 @@ returns the probabilities each layer used."""
 
 from __future__ import annotations
 
+import pickle
 import threading
 
 import pytest
@@ -116,3 +117,50 @@ def test_output_attentions_are_the_probabilities_the_method_used(arch):
         nonzero = (probs > 0).sum(-1)  # (B, H, Tq)
         n = torch.arange(1, 13) if causal else torch.full((12,), 12)  # keys each query sees
         assert torch.equal(nonzero, (n.float() * 0.5).ceil().long().expand_as(nonzero))
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "bert", "llama", "albert", "mpnet", "deberta-v2"])
+def test_config_output_attentions_works_like_the_argument(arch):
+    """``config.output_attentions = True`` raised transformers' "set it to 'eager'" (its
+    setter knows only eager to return weights; the argument never meets that check): it now
+    returns the same probabilities as the argument, in copies too, and unpatch gives the
+    config its stock class back (whose setter refuses again on a non-eager back-end)."""
+    ids, mask = _inputs(3, 12, 8, seed=3)
+    model, by_argument = build(arch), build(arch)
+    attnprune.patch(model, "crisp", **ON["crisp"])
+    attnprune.patch(by_argument, "crisp", **ON["crisp"])
+    stock_cls = type(build(arch).config)
+    model.config.output_attentions = True
+    # pickled before any forward: transformers' output-capturing hooks, installed by the
+    # first forward asked for attentions (either way), are closures that do not pickle
+    twin = pickle.loads(pickle.dumps(model))
+    with torch.no_grad():
+        ref = _attentions(by_argument, ids, mask)
+        for m in (model, twin):
+            got = m(input_ids=ids, attention_mask=mask).attentions
+            assert got is not None and len(got) == len(ref)
+            assert all(torch.equal(g, r) for g, r in zip(got, ref))
+    assert twin.config.output_attentions and twin.config == model.config
+    model.config.output_attentions = False
+    attnprune.unpatch(model)
+    assert type(model.config) is stock_cls
+    if model.config._attn_implementation != "eager":
+        with pytest.raises(ValueError, match="output_attentions"):
+            model.config.output_attentions = True
+
+
+def test_saved_config_of_a_model_asked_for_attentions_loads(tmp_path):
+    """The flag describes the patched model's forward, not the stock base that
+    ``save_pretrained`` writes (on "sdpa", transformers refuses to load it): it is left out."""
+    model = build("gpt2")
+    attnprune.patch(model, "crisp", **ON["crisp"])
+    model.config.output_attentions = True
+    attnprune.save_pretrained(model, tmp_path)
+    loaded = attnprune.from_pretrained(tmp_path)
+    ids, _ = _inputs(2, 10, None, seed=4)
+    assert not loaded.config.output_attentions
+    loaded.config.output_attentions = True  # patched again: the flag may be set again
+    with torch.no_grad():
+        a, b = loaded(input_ids=ids), model(input_ids=ids)
+    assert torch.equal(a.logits, b.logits)
+    assert all(torch.equal(x, y) for x, y in zip(a.attentions, b.attentions, strict=True))

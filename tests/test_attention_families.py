@@ -392,3 +392,36 @@ def test_copies_of_adapted_models_run_their_own_layers():
     assert torch.allclose(outputs(twin, ids, mask), ref, atol=PARITY)
     attnprune.unpatch(twin)
     assert "forward" not in attention_modules(twin)[0].__dict__
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "bert", "llama", "modernbert"])
+def test_back_end_switched_after_patching_keeps_the_method_and_is_what_unpatch_restores(arch):
+    """``set_attn_implementation("eager")`` after the patch ran the stock attention without a
+    word (crisp on GPT-2: 0.125 from stock before, 9e-8 after) while patch_state still named
+    crisp, and unpatch then restored "sdpa", the setting at patch time, over the user's."""
+    ids, mask = batch()
+    stock = build(arch)
+    stock.set_attn_implementation("eager")
+    model = build(arch)
+    with torch.no_grad():
+        ref = outputs(stock, ids, mask)
+        attnprune.patch(model, "crisp", **ON["crisp"])
+        on = outputs(model, ids, mask)
+        assert (on - ref).abs().max() > 1e-3  # the method acts
+        model.set_attn_implementation("eager")
+        assert (outputs(model, ids, mask) - on).abs().max() <= PARITY  # and still does
+        attnprune.unpatch(model)
+        assert model.config._attn_implementation == "eager"  # the user's latest choice
+        assert (outputs(model, ids, mask) - ref).abs().max() <= PARITY
+
+
+def test_back_end_switched_just_before_unpatch_is_kept():
+    """No forward between the switch and unpatch: the user's choice still wins."""
+    model = build("gpt2")
+    attnprune.patch(model, "crisp", **ON["crisp"])
+    model.set_attn_implementation("eager")
+    attnprune.unpatch(model)
+    assert model.config._attn_implementation == "eager"
+    attnprune.patch(model, "crisp", **ON["crisp"])  # and a new patch comes back to it
+    attnprune.unpatch(model)
+    assert model.config._attn_implementation == "eager"

@@ -231,6 +231,26 @@ def test_crisp_adaptive_allocates_by_entropy_and_keeps_mean():
     assert torch.equal(before, m.entropy_ema)  # frozen in evaluation
 
 
+def test_crisp_adaptive_state_is_initialised_when_a_meta_model_is_materialised():
+    """Built on the meta device and patched there, then ``to_empty`` + ``init_weights`` (what
+    low_cpu_mem_usage / init_empty_weights loading does): the entropy EMA starts where a fresh
+    patch's does (it was uninitialised memory), and a checkpoint loaded afterwards still wins."""
+    fresh = tiny("gpt2")
+    attnprune.patch(fresh, "crisp", sparsity=0.5, schedule="adaptive")
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(fresh.config)
+    attnprune.patch(model, "crisp", sparsity=0.5, schedule="adaptive")
+    assert model.attnprune_method.entropy_ema.is_meta
+    model.to_empty(device="cpu")
+    model.init_weights()
+    assert torch.equal(model.attnprune_method.entropy_ema, fresh.attnprune_method.entropy_ema)
+    assert model.attnprune_method.layer_sparsity() == fresh.attnprune_method.layer_sparsity()
+    trained = fresh.state_dict()
+    trained["attnprune_method.entropy_ema"] = torch.tensor([0.2, 0.7])
+    model.load_state_dict(trained)
+    assert model.attnprune_method.entropy_ema.tolist() == pytest.approx([0.2, 0.7])
+
+
 def test_cost_penalty_terms_locations_and_gradient():
     model = tiny("bert").train()
     ids, mask = batch()

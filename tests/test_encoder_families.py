@@ -326,6 +326,23 @@ def test_refused_family_says_why():
     assert not hasattr(model, "_attnprune")
 
 
+@pytest.mark.parametrize(("arch", "flags"), [
+    ("bert", {"is_decoder": True}), ("roberta", {"is_decoder": True}),
+    ("electra", {"is_decoder": True, "add_cross_attention": True})])
+def test_encoder_family_built_as_a_decoder_is_refused_naming_the_flag(arch, flags):
+    """The class the host serves as an encoder, configured as a decoder: the refusal names
+    the config flag that makes the difference and what to do (it said only "no host")."""
+    model = build(arch, **flags)
+    with pytest.raises(ValueError, match=r"is_decoder=True") as err:
+        attnprune.patch(model, "attention_mass", keep_ratio=0.5)
+    msg = str(err.value)
+    assert "is_decoder=False" in msg and "attention method" in msg
+    if flags.get("add_cross_attention"):
+        assert "add_cross_attention=True" in msg
+    assert not hasattr(model, "_attnprune")
+    attnprune.patch(model, "crisp", sparsity=0.5)  # the advice holds
+
+
 @pytest.mark.parametrize("arch", ["albert", "mpnet", "deberta-v2", "modernbert"])
 def test_copies_run_their_own_layers(arch):
     model = build(arch)

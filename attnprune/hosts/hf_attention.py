@@ -13,7 +13,10 @@ How it wires a method in (see ``../shared/HF_NOTES.md``):
 - interface families: registers one stateless attention function under the name ``IMPL``
   twice, in ``AttentionInterface`` and in ``AttentionMaskInterface`` (with ``sdpa_mask``, so
   the function receives boolean masks, True = attend, or None; sliding windows arrive in that
-  mask), then ``model.set_attn_implementation(IMPL)``; ``unpatch`` restores the previous one;
+  mask), then ``model.set_attn_implementation(IMPL)``; ``unpatch`` restores the previous one.
+  A back-end chosen after patching (``set_attn_implementation("eager")``) would run the stock
+  attention behind the method's back: the model's pre-hook sees it at the next forward, keeps
+  it as the one ``unpatch`` restores and sets ``IMPL`` again, so the method keeps running;
 - own-forward families (MPNet, DeBERTa-v2: scores, position terms and softmax in one forward):
   an adapter replaces the attention module's forward (instance attribute) and hands q, k, v and
   the position terms (``bias``) to the same state, so the methods see the scores the family's
@@ -47,7 +50,9 @@ How it wires a method in (see ``../shared/HF_NOTES.md``):
 full reference of ``finetune.evaluate``); ``state.need_weights = True`` makes every layer return
 its real attention probabilities (``analysis``), and so does ``output_attentions=True`` for one
 call: ``outputs.attentions`` holds the probabilities each layer used (after the method's top-k,
-modulation or family terms; (B, H, Tq, Tk), one per attention run).
+modulation or family terms; (B, H, Tq, Tk), one per attention run). ``config.output_attentions
+= True`` does the same: a patched model's config gets a generated subclass whose setter
+accepts the flag (transformers' accepts it only with "eager"; :class:`AttentionWeightsConfig`).
 
 The method module is added to the model as the submodule ``attnprune_method`` so its
 parameters (the intensity predictors) train with the model and are saved with it; ``unpatch``
@@ -62,6 +67,7 @@ need_weights, softcap, bias, positions) -> (out (B, Tq, H, d), probs (B, H, Tq, 
 
 from __future__ import annotations
 
+import copyreg
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -400,8 +406,10 @@ class AttentionPatchState(PatchState):
             h.remove()
         self.handles.clear()
         remove_state_hooks(model, self)
-        if self.previous is not None:
+        if self.previous is not None and model.config._attn_implementation == self.impl:
+            # else the user chose a back-end after the last forward: theirs stays
             model.set_attn_implementation(self.previous)
+        restore_configs(model)
         for m in self.layer_of:
             m.__dict__.pop(STATE_ATTR, None)
             m.__dict__.pop("forward", None)  # an adapter's instance forward (own-forward families)
@@ -509,6 +517,105 @@ def _deberta_forward(module, hidden_states, attention_mask, output_attentions=Fa
 ADAPTERS: dict[str, Callable] = {"mpnet": _mpnet_forward, "deberta": _deberta_forward}
 
 
+# ``config.output_attentions = True``: transformers' setter (and its ``validate``) refuse any
+# back-end but "eager", the only stock one that returns weights, with advice (switch to eager)
+# that would switch a patched model's method off. The forward argument never passes that
+# check: it goes straight to the layers, whose attention function here returns the
+# probabilities the method used. A patched model's configs get a subclass (generated per
+# config class, swapped in per instance, swapped back by ``unpatch``) whose setter accepts the
+# flag, so the config path works like the argument.
+
+
+class AttentionWeightsConfig:
+    """Mixed in before a patched model's config class: ``output_attentions`` may be set, as
+    the attention host returns the probabilities its methods used."""
+
+    _attnprune_stock: type  # the config class it was generated for
+
+    @property
+    def output_attentions(self):
+        return self._output_attentions
+
+    @output_attentions.setter
+    def output_attentions(self, value: bool) -> None:
+        self._output_attentions = value
+
+    def validate(self) -> None:
+        """transformers' checks, but for the weights check on the flag (see above)."""
+        probe = self
+        if self._output_attentions:  # a copy without the flag: never unset the user's
+            probe = object.__new__(type(self))
+            probe.__dict__.update(self.__dict__, _output_attentions=False)
+        super(AttentionWeightsConfig, probe).validate()
+
+    def to_dict(self) -> dict:
+        """The stock serialisation without a set ``output_attentions``: a saved config (and
+        ``attnprune.save_pretrained``'s) describes the stock model on the back-end it is
+        loaded with, where transformers refuses the flag unless that is "eager"; set it
+        again after loading."""
+        d = super().to_dict()
+        if d.get("output_attentions"):
+            del d["output_attentions"]
+        return d
+
+    def __reduce_ex__(self, protocol):
+        # a generated class cannot be found by name: pickle, torch.save and deep copies store
+        # the stock class and generate the subclass again when loading
+        rv = super().__reduce_ex__(protocol)
+        if isinstance(rv, tuple) and rv[0] is copyreg.__newobj__ and rv[1] == (type(self),):
+            return (_rebuild_config, (self._attnprune_stock,), *rv[2:])
+        return rv
+
+
+def _config_eq(self, other) -> bool:
+    # the stock classes' dataclass ``__eq__`` holds a config of another class unequal;
+    # compare as ``PretrainedConfig`` does, so a patched config equals its stock twin
+    from transformers import PretrainedConfig
+
+    return isinstance(other, PretrainedConfig) and self.__dict__ == other.__dict__
+
+
+def weights_config_class(stock: type) -> type:
+    """A subclass of config class ``stock`` that accepts ``output_attentions`` (same name, so
+    transformers' auto classes still find the model class by it). Not cached: each call gives
+    a new class, so no table of classes outlives the models."""
+    if issubclass(stock, AttentionWeightsConfig):
+        return stock
+    return type(stock.__name__, (AttentionWeightsConfig, stock),
+                {"__qualname__": stock.__qualname__, "_attnprune_stock": stock,
+                 "__eq__": _config_eq, "__hash__": stock.__hash__})
+
+
+def _rebuild_config(stock: type):
+    cls = weights_config_class(stock)
+    return cls.__new__(cls)
+
+
+def _configs(model: nn.Module, attn: list[nn.Module]) -> list:
+    """The distinct configs of ``model`` and its attention modules (by identity)."""
+    from transformers import PretrainedConfig
+
+    found: dict[int, object] = {}
+    for owner in (model, *attn):
+        cfg = getattr(owner, "config", None)
+        if isinstance(cfg, PretrainedConfig):
+            found.setdefault(id(cfg), cfg)
+    return list(found.values())
+
+
+def weights_configs(model: nn.Module, attn: list[nn.Module]) -> None:
+    """Swap the class of ``model``'s configs for :func:`weights_config_class`'s."""
+    for cfg in _configs(model, attn):
+        cfg.__class__ = weights_config_class(type(cfg))
+
+
+def restore_configs(model: nn.Module) -> None:
+    """Swap the configs of ``model`` and its modules back to their stock classes."""
+    for cfg in _configs(model, list(model.modules())):
+        if isinstance(cfg, AttentionWeightsConfig):
+            cfg.__class__ = cfg._attnprune_stock
+
+
 def _register() -> None:
     """Register ``IMPL`` (idempotent)."""
     from transformers import AttentionInterface
@@ -522,6 +629,12 @@ def _start_forward(state: AttentionPatchState, mod, args, kwargs) -> None:
     """Forward pre-hook on the model: new per-call data for this thread (the last forward's
     losses and statistics are replaced, not cleared: a caller still holding the old list keeps
     it), the 2-D mask, the position ids and whether attention weights are asked for."""
+    if state.previous is not None and mod.config._attn_implementation != state.impl:
+        # ``set_attn_implementation`` after patching switched the method off without a word
+        # (the stock back-end ran, patch_state still named the method): the user's choice
+        # becomes the back-end ``unpatch`` restores, and the method keeps running
+        state.previous = mod.config._attn_implementation
+        mod.set_attn_implementation(state.impl)
     call = state.call
     call.aux_losses, call.stats, call.hidden = [], {}, {}
     call.calls = 0
@@ -605,6 +718,7 @@ def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPa
             # a partial over a module-level function, not a bound method: it pickles (by the
             # function's name), and a deep copy rebinds it to the copied module
             m.forward = partial(adapter, m)
+    weights_configs(model, attn)
     add_method_module(model, method)  # METHOD_ATTR, or a free variant when stacked
     state.handles.append(model.register_forward_pre_hook(partial(_start_forward, state),
                                                          with_kwargs=True))

@@ -228,26 +228,50 @@ def parse_schedule(
 def _family(model: nn.Module) -> str | None:
     """The anatomy name of the model's encoder family (``FAMILIES[model_type].token``: 'bert'
     for BERT, MiniLM, RoBERTa, XLM-R, CamemBERT, ELECTRA; 'distilbert', 'albert', 'mpnet',
-    'deberta', 'modernbert'), 'refused' for a family the table refuses (patch says why), None
-    for anything else (decoders, and BERT-likes configured as decoders)."""
+    'deberta', 'modernbert'), 'refused' for a model the host refuses (a family the table
+    refuses, or an encoder family configured as a decoder; patch says why), None for anything
+    else (decoders, which have their own token hosts)."""
     from attnprune.hosts.hf_attention import family
 
     base = getattr(model, "base_model", None)
     fam = family(model)
-    if base is None or getattr(base.config, "is_decoder", False):
+    if base is None:
         return None
+    if fam.token and _decoder_flags(base.config):
+        return "refused"
     return fam.token or ("refused" if fam.token_refused else None)
+
+
+def _decoder_flags(config) -> list[str]:
+    """The config flags that make an encoder family a decoder (``is_decoder``: causal
+    self-attention; ``add_cross_attention``: cross-attention over encoder states)."""
+    return [f"{k}=True" for k in ("is_decoder", "add_cross_attention") if getattr(config, k, False)]
+
+
+def _refusal(model: nn.Module) -> str:
+    """Why token methods cannot run on ``model`` (one :func:`_family` calls 'refused')."""
+    from attnprune.hosts.hf_attention import family
+
+    flags = _decoder_flags(model.base_model.config)
+    if flags:
+        # the same class is served as an encoder: say which setting makes the difference
+        return (f"it is configured as a decoder ({', '.join(flags)}). The token host runs "
+                f"encoders: it rebuilds a bidirectional mask for the kept tokens (each would "
+                f"see the tokens after it) and passes no encoder states to cross-attention. "
+                f"Build it with is_decoder=False and add_cross_attention=False to prune "
+                f"tokens, or use an attention method (crisp, intensity, cost), which runs on it "
+                f"as it is")
+    return family(model).token_refused
 
 
 def _anatomy(model: nn.Module) -> tuple[str, nn.Module, list[nn.Module], list[tuple[nn.Module, nn.Module]]]:
     """(family, encoder module, layers, [(query linear, key linear)] per layer)."""
-    from attnprune.hosts.hf_attention import family
     from attnprune.hosts.hf_encoder_families import ANATOMIES
 
     fam = _family(model)
     if fam == "refused":
         raise ValueError(f"model: {type(model).__name__} ({model.config.model_type}) is not "
-                         f"supported by token methods: {family(model).token_refused}")
+                         f"supported by token methods: {_refusal(model)}")
     anatomy = ANATOMIES[fam]
     if anatomy.check is not None:
         anatomy.check(model)

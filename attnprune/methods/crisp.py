@@ -204,8 +204,26 @@ class CrispAttention(nn.Module):
         self.base = parse_sparsity(sparsity, n_layers)
         self.schedule = schedule
         self.momentum = momentum
-        # start uniform: equal normalised entropy in every layer
-        self.register_buffer("entropy_ema", torch.full((n_layers,), 0.5))
+        self.register_buffer("entropy_ema", torch.empty(n_layers))
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """Start uniform: equal normalised entropy in every layer."""
+        with torch.no_grad():
+            self.entropy_ema.fill_(0.5)
+
+    def _apply(self, fn, recurse=True):
+        # A module on the meta device holds no values, and materialising it (``to_empty``, as
+        # from_pretrained(low_cpu_mem_usage=True) and accelerate's init_empty_weights do) leaves
+        # uninitialised memory that HF's init_weights never visits (it knows only its own
+        # module types): the adaptive schedule then read garbage. Start again from the initial
+        # value whenever the buffer leaves the meta device (a checkpoint's values, loaded
+        # afterwards, still win).
+        was_meta = self.entropy_ema.is_meta
+        out = super()._apply(fn, recurse)
+        if was_meta and not self.entropy_ema.is_meta:
+            self.reset_buffers()
+        return out
 
     def layer_sparsity(self) -> list[float]:
         """The sparsity each layer uses now (the adaptive rule's current allocation)."""
