@@ -201,3 +201,26 @@ def test_command_modules_outside_the_cli_table_use_their_config(repo):
     assert ok == []
     errs = _page(repo, GOOD + "\n`python -m attnprune.bench.prefill --clokc cpu --out DIR`\n")
     assert any("unknown option --clokc" in e for e in errs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The README's printed outputs are the committed outputs of scripts/readme_outputs.py (issue 31)
+# ---------------------------------------------------------------------------------------------
+def _readme_text_blocks() -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Three uses", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```text\n(.*?)```", section, flags=re.DOTALL)
+
+
+def test_readme_printed_outputs_are_the_committed_ones():
+    """Uses 2 and 3 quote what ``python scripts/readme_outputs.py`` printed, word for word
+    (the files in docs/results/readme); use 1's is checked by running it (above)."""
+    folder = ROOT / "docs" / "results" / "readme"
+    blocks = _readme_text_blocks()
+    assert len(blocks) == 4, "README uses: expected 4 printed outputs"
+    for block, name in zip(blocks[1:], ("use2.txt", "use3_pipeline.txt", "use3_onnx.txt"),
+                           strict=True):
+        assert block == (folder / name).read_text(encoding="utf-8"), (
+            f"README quotes an output that differs from docs/results/readme/{name}: run "
+            "python scripts/readme_outputs.py and paste its files")
+    assert "tweets_sentiment.csv" in (folder / "reviews.md").read_text(encoding="utf-8")
