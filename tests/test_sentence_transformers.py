@@ -233,3 +233,11 @@ def test_deepcopy_is_independent(st, stock, patched):
     assert (encode(patched) - stock).abs().max() == 0
     attnprune.unpatch(twin)
     assert (encode(twin) - stock).abs().max() <= 1e-5
+
+
+def test_sync_free_path_pools_as_the_cpu_path(st, patched):
+    # the GPU path pads every gather to a fixed width: its kept mask must skip those slots
+    cpu, kept = encode(st), attnprune.patch_state(st).kept_mask
+    attnprune.patch(st, "attention_mass", sync_free=True, **OPTS)
+    assert (encode(st) - cpu).abs().max() <= 1e-5
+    assert torch.equal(attnprune.patch_state(st).kept_mask, kept)
