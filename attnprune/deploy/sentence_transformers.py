@@ -197,8 +197,7 @@ def _encode(state: SentenceTransformerState, original, *args, **kwargs):
 def _modules(model: nn.Module, kind: str) -> tuple[nn.Module, list[nn.Module]]:
     """(the Transformer module, the Pooling modules), after checking the model's modules."""
     name = type(model).__name__
-    if name != "SentenceTransformer" and "SentenceTransformer" not in [
-            c.__name__ for c in type(model).__mro__]:
+    if "SentenceTransformer" not in {c.__name__ for c in type(model).__mro__}:
         raise ValueError(f"model: {name} (sentence-transformers) is not served: attnprune "
                          f"patches a SentenceTransformer (sentence embeddings); a "
                          f"{name} reads per-token outputs or its own head")

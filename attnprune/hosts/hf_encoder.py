@@ -46,6 +46,10 @@ Choices, and why:
   default ``output="auto"`` is "short" for BERT / RoBERTa / DistilBERT
   ``*ForSequenceClassification`` (their heads read only position 0, where CLS stays, and
   return no per-token states: same logits, bit for bit) and "scatter" for any other model.
+  Either way the kept mask (B, L) of the call (``state.kept_mask`` per thread, and
+  ``output.kept_mask``) marks the positions the last layer computed, built from the kept
+  indices by one scatter: a client that pools the scattered states must average those only
+  (sentence-transformers: :mod:`attnprune.deploy.sentence_transformers`).
 * Attention probabilities for methods that need them are computed only at pruning layers, from
   the query/key projections the layer already computed (captured by forward hooks on the
   ``query``/``key`` linears, so nothing is recomputed), and only for the rows the method reads:
