@@ -10,11 +10,11 @@ from functools import partial
 import torch
 from torch import nn
 
-from attnprune.hosts import PatchState, find_host
+from attnprune.hosts import MODEL_STATE_ATTR, PatchState, find_host
 from attnprune.hosts.stack import PatchStack, check_stackable
 from attnprune.methods import registry
 
-_ATTR = "_attnprune"
+_ATTR = MODEL_STATE_ATTR
 
 
 def patch(model: nn.Module, method: str, *, stack: bool = False, **options) -> nn.Module:
@@ -26,6 +26,9 @@ def patch(model: nn.Module, method: str, *, stack: bool = False, **options) -> n
     already patched is unpatched first, unless ``stack=True``: then ``method`` joins the
     existing patch (one token method plus one attention or loss method, kinds must differ;
     :mod:`attnprune.hosts.stack`), and :func:`patch_state` returns the :class:`~attnprune.hosts.stack.PatchStack`.
+    A sentence-transformers ``SentenceTransformer`` is patched through its encoder, and its
+    pooling then averages the tokens the encoder computed
+    (:mod:`attnprune.deploy.sentence_transformers`).
     Bad options raise ValueError naming the field, before the model is touched.
     """
     if not isinstance(model, nn.Module):
@@ -33,7 +36,16 @@ def patch(model: nn.Module, method: str, *, stack: bool = False, **options) -> n
     if not isinstance(stack, bool):
         raise ValueError(f"stack must be True or False, got {stack!r}")  # noqa: TRY004 (patch() contract: ValueError)
     spec = registry.get(method)
-    host = find_host(model, spec.kind)
+    if _from_sentence_transformers(model):  # its encoder, and its pooling over kept tokens
+        from attnprune.deploy.sentence_transformers import patch_sentence_transformer
+
+        if stack:
+            raise ValueError("stack: a SentenceTransformer takes one method; to combine a token "
+                             "and an attention method, patch its encoder (model[0].auto_model) "
+                             "with stack=True and pool over its kept_mask yourself")
+        host_patch = patch_sentence_transformer
+    else:
+        host_patch = find_host(model, spec.kind).patch
     current: PatchState | None = getattr(model, _ATTR, None)
     below: list[PatchState] = []
     if stack and current is not None:
@@ -45,7 +57,7 @@ def patch(model: nn.Module, method: str, *, stack: bool = False, **options) -> n
         kept = copy.deepcopy(options)
     except Exception:  # noqa: BLE001 (any uncopyable option; save_pretrained refuses it by name)
         kept = dict(options)
-    state = host.patch(model, spec, **options)
+    state = host_patch(model, spec, **options)
     state.requested, state.options, state.kind = method, kept, spec.kind
     _watch_untrained(model, state)
     if below:
@@ -55,6 +67,12 @@ def patch(model: nn.Module, method: str, *, stack: bool = False, **options) -> n
         state = PatchStack([*below, state])
     object.__setattr__(model, _ATTR, state)
     return model
+
+
+def _from_sentence_transformers(model: nn.Module) -> bool:
+    """A sentence-transformers model (SentenceTransformer, ...), told by its class's module
+    so that sentence-transformers is never imported here."""
+    return any(c.__module__.startswith("sentence_transformers.") for c in type(model).__mro__)
 
 
 class UntrainedMethodWarning(UserWarning):

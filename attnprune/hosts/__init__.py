@@ -17,6 +17,9 @@ from functools import partial
 import torch
 from torch import nn
 
+# The attribute of a patched model that holds its PatchState (``attnprune.patch_state``).
+MODEL_STATE_ATTR = "_attnprune"
+
 
 class PatchState:
     """What a patch leaves on the model (``model._attnprune``): how to undo it and how to

@@ -46,6 +46,10 @@ Choices, and why:
   default ``output="auto"`` is "short" for BERT / RoBERTa / DistilBERT
   ``*ForSequenceClassification`` (their heads read only position 0, where CLS stays, and
   return no per-token states: same logits, bit for bit) and "scatter" for any other model.
+  Either way the kept mask (B, L) of the call (``state.kept_mask`` per thread, and
+  ``output.kept_mask``) marks the positions the last layer computed, built from the kept
+  indices by one scatter: a client that pools the scattered states must average those only
+  (sentence-transformers: :mod:`attnprune.deploy.sentence_transformers`).
 * Attention probabilities for methods that need them are computed only at pruning layers, from
   the query/key projections the layer already computed (captured by forward hooks on the
   ``query``/``key`` linears, so nothing is recomputed), and only for the rows the method reads:
@@ -111,6 +115,7 @@ from functools import partial
 
 import torch
 from torch import Tensor, nn
+from transformers.utils import ModelOutput
 
 from attnprune.hosts import (
     PatchState,
@@ -374,6 +379,21 @@ class HFEncoderState(PatchState):
         self.__dict__["_anatomy"] = value
 
     # -- per-call data (on the calling thread) --------------------------------------------
+    @property
+    def kept_mask(self) -> Tensor | None:
+        """(B, L) bool of the last forward on this thread: True at the positions the last
+        layer computed (the kept tokens: their states in ``last_hidden_state`` are the pruned
+        model's output); False at padding and at dropped tokens, whose scattered states are
+        the ones of the layer that dropped them. Every real token at keep ratio 1 or with
+        ``enabled = False``. The model's output carries the same tensor as ``.kept_mask``
+        (a ``ModelOutput``; not with ``return_dict=False``). None before any forward.
+        Per thread: two threads serving one model each read their own call's."""
+        return getattr(self._local, "kept_mask", None)
+
+    @kept_mask.setter
+    def kept_mask(self, value: Tensor | None) -> None:
+        self._local.kept_mask = value
+
     def call(self) -> _Call:
         """The running forward's :class:`_Call` on this thread (a new one if none runs)."""
         call = getattr(self._local, "call", None)
@@ -649,6 +669,7 @@ class _Pass:
     exporting: bool  # torch.export / ONNX / jit trace: data-dependent widths (_traced_width)
     kept: list  # real tokens (soft mask sums in training) entering layer l, all groups
     padded: list  # token slots layer l computes, summed over groups
+    length: int  # L, the input's width (the kept mask is (B, L))
 
 
 def _pruned_forward(state: HFEncoderState, original, hidden_states, attention_mask=None,
@@ -693,15 +714,16 @@ def _run(state: HFEncoderState, call: _Call, original, hidden_states, attention_
                 labels=call.labels if training else None, kwargs=kwargs,
                 bucket=state.bucket_rows and not training and not free, static=static,
                 sync_free=free, exporting=_exporting(),
-                kept=[0.0] * n, padded=[0] * n)
+                kept=[0.0] * n, padded=[0] * n, length=L)
     index = torch.arange(L, device=mask.device).expand(B, L)  # original positions
     full = hidden_states if state.output == "scatter" else None
     ids, token_types = call.inputs or (None, None)
     call.inputs = None  # one forward's: a later call without the model's hook must not read it
     special = state.protect_tensor(mask.device) if ids is not None else None
     protect = protect_special(mask, ids, token_types, () if special is None else special)
-    hidden_states, _ = _layers(state, run, 0, hidden_states, mask, attention_mask, index, full,
-                               protect=protect)
+    hidden_states, _, kept_mask = _layers(state, run, 0, hidden_states, mask, attention_mask,
+                                          index, full, protect=protect)
+    state._local.kept_mask = kept_mask  # this thread's last call (HFEncoderState.kept_mask)
     state.aux_losses = call.aux_losses  # replaced whole: the last finished call's
     if static:  # the counts are data: a traced graph has no place for them
         state.stats = {}
@@ -743,8 +765,8 @@ def _stats(kept: list, padded: list, real, n: int, times: dict | None) -> dict:
 
 
 def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask: Tensor,
-            mask4d, index: Tensor, full: Tensor | None,
-            gathered: bool = False, protect: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+            mask4d, index: Tensor, full: Tensor | None, gathered: bool = False,
+            protect: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor]:
     """Layers ``start``, ``start + 1``, … on b rows, in the host's output format.
 
     ``hidden`` (b, K, d) the tokens still present in ascending original order, ``mask``
@@ -752,8 +774,9 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
     their original positions, ``full`` (b, L, d) every token's state so far (dropped tokens'
     last states; None for ``output="short"``), ``gathered`` whether a gather already happened,
     ``protect`` (b, K) the tokens every selection keeps (CLS and separators; None: CLS only).
-    Returns ((b, L, d) final states, None) for ``output="scatter"``, or the compact
-    ((b, K', d), (b, K') mask) for ``output="short"``. After a gather at inference on the CPU
+    Returns ((b, L, d) final states, None, kept) for ``output="scatter"``, or the compact
+    ((b, K', d), (b, K') mask, kept) for ``output="short"``; kept (b, L) bool marks the
+    original positions the last layer computed (:func:`_kept_positions`). After a gather at inference on the CPU
     path the rows may be split into groups (:func:`_grouped`), each running the rest of this
     loop.
     """
@@ -839,14 +862,25 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
                                     protect)
             mask4d = _bidirectional(state, hidden, mask, skip=not run.sync_free)
         call.gather_time_s += _clock(run) - t1
+    kept = _kept_positions(index, mask, run.length)
     if full is None:
-        return hidden, mask
+        return hidden, mask, kept
     if gathered:  # even with K = L, rows may have shifted
         t0 = _clock(run)
         full = scatter_tokens(full, hidden, index, mask)
         call.gather_time_s += _clock(run) - t0
-        return full, None
-    return hidden, None
+        return full, None, kept
+    return hidden, None, kept
+
+
+def _kept_positions(index: Tensor, mask: Tensor, length: int) -> Tensor:
+    """(b, L) bool: the original positions of the real slots of ``index`` (b, K), i.e. the
+    tokens the last layer computed. One scatter, no read-back: padding slots (whose index
+    points at position 0) write into a spare column L, cut off after."""
+    b = index.shape[0]
+    out = torch.zeros(b, length + 1, dtype=torch.bool, device=index.device)
+    out.scatter_(1, index.masked_fill(~mask, length), True)
+    return out[:, :length]
 
 
 def _width(run: _Pass, keep: Tensor, rho: float) -> int | None:
@@ -865,7 +899,8 @@ def _width(run: _Pass, keep: Tensor, rho: float) -> int | None:
 
 def _grouped(state: HFEncoderState, run: _Pass, start: int, groups: list[Tensor],
              hidden: Tensor, mask: Tensor, index: Tensor,
-             full: Tensor | None, protect: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+             full: Tensor | None, protect: Tensor | None = None
+             ) -> tuple[Tensor, Tensor | None, Tensor]:
     """Layers ``start``, … on each group of rows, cut to the group's longest row (pad slots sit
     at the end of a gathered row), then the groups' outputs back in the rows' places.
 
@@ -886,21 +921,24 @@ def _grouped(state: HFEncoderState, run: _Pass, start: int, groups: list[Tensor]
         parts.append((rows, _layers(state, run, start, h, m, m4, index[rows, :k], sub_full,
                                     gathered=True, protect=prot)))
         t0 = time.perf_counter()
+    kept = mask.new_zeros(hidden.shape[0], run.length)
+    for rows, (_, _, k) in parts:
+        kept[rows] = k
     if full is not None:
         out = torch.empty_like(full)  # the groups cover every row once
-        for rows, (o, _) in parts:
+        for rows, (o, _, _) in parts:
             out[rows] = o
         call.gather_time_s += time.perf_counter() - t0
-        return out, None
+        return out, None, kept
     b, d = hidden.shape[0], hidden.shape[-1]
-    width = max(o.shape[1] for _, (o, _) in parts)
+    width = max(o.shape[1] for _, (o, _, _) in parts)
     out = hidden.new_zeros(b, width, d)
     out_mask = mask.new_zeros(b, width)
-    for rows, (o, m) in parts:
+    for rows, (o, m, _) in parts:
         out[rows, : o.shape[1]] = o
         out_mask[rows, : m.shape[1]] = m
     call.gather_time_s += time.perf_counter() - t0
-    return out, out_mask
+    return out, out_mask, kept
 
 
 def _tracing() -> bool:
@@ -1043,6 +1081,8 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     # the model get their own.
     state._handles.append(model.register_forward_pre_hook(partial(_grab_labels, state),
                                                           with_kwargs=True))
+    state._handles.append(model.register_forward_hook(partial(_attach_kept_mask, state),
+                                                      with_kwargs=True))
     # always_call: the call ends also when the forward raises (a hook's try/finally), so a
     # later forward that skips the pre-hook (model.base_model) never reads this one's ids
     state._handles.append(model.register_forward_hook(partial(_end_call, state),
@@ -1061,6 +1101,7 @@ def _grab_labels(state: HFEncoderState, module, args, kwargs) -> None:
     loop cannot honour."""
     if state.enabled and any(r < 1.0 for r in state.schedule):
         refuse_output_flags(module.config, kwargs, "hf_encoder")
+    state._local.kept_mask = None  # this call's, set by the loop or by _attach_kept_mask
     ids = kwargs.get("input_ids", args[0] if args else None)
     rank = getattr(state._local, "pending_rank", None)
     state._local.pending_rank = None  # rank_target's loss is for the next forward only
@@ -1074,6 +1115,26 @@ def _end_call(state: HFEncoderState, module, args, output) -> None:
     """Forward hook on the model (``always_call``: also when the forward raised): the call's
     data never outlives the call."""
     state._local.call = None
+
+
+def _attach_kept_mask(state: HFEncoderState, module, args, kwargs, output) -> None:
+    """Forward hook on the model: puts this call's kept mask on its output (``.kept_mask``,
+    an attribute, not a key: the output's tuple form and its keys stay the stock ones). A
+    forward that ran no pruned loop (``enabled = False``, ModernBERT's stock path) keeps
+    every real token: the mask is then the caller's padding mask."""
+    kept = getattr(state._local, "kept_mask", None)
+    if kept is None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        embeds = kwargs.get("inputs_embeds")
+        given = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+        ref = ids if isinstance(ids, Tensor) else embeds
+        if isinstance(given, Tensor) and given.dim() == 2:
+            kept = given.bool()
+        elif isinstance(ref, Tensor) and given is None:
+            kept = torch.ones(ref.shape[:2], dtype=torch.bool, device=ref.device)
+        state._local.kept_mask = kept
+    if kept is not None and isinstance(output, ModelOutput):
+        object.__setattr__(output, "kept_mask", kept)
 
 
 def _protect_ids(config, ids: Sequence[int] | None) -> tuple[int, ...]:
