@@ -76,6 +76,9 @@ class BenchGPUConfig:
     decoder_lengths: tuple[int, ...] = (512, 2048)
     decoder_batch: int = 1
     keep_ratios: tuple[float, ...] = (0.25, 0.5)
+    # how the pruned points' scorer runs (hf_encoder.SCORER_KERNELS): "matmul" builds the L×L
+    # probabilities in blocks, "sdpa" takes them from two fused attention passes (issue 30)
+    scorer_kernels: tuple[str, ...] = ("matmul",)
     after_layer: int = 1
     layers: int | None = None  # the shallower model's depth; None: half
     repeats: int = 20
@@ -104,6 +107,12 @@ class BenchGPUConfig:
         for name in ("repeats", "after_layer", "decoder_batch", "max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        from attnprune.hosts.hf_encoder import SCORER_KERNELS
+
+        for k in self.scorer_kernels:
+            if k not in SCORER_KERNELS:
+                raise ValueError(f"scorer_kernels: each one of {', '.join(SCORER_KERNELS)}, "
+                                 f"got {k!r}")
         if self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode: one of {', '.join(COMPILE_MODES)}, got "
                              f"{self.compile_mode!r}")
@@ -185,9 +194,12 @@ def _encoder_rows(cfg: BenchGPUConfig, shape: str, dtype, flush) -> list[dict]:
         n = cfg.layers or max(1, base.config.num_hidden_layers // 2)
         models = {"full": base}
         for rho in cfg.keep_ratios:
-            m = copy.deepcopy(base)
-            api.patch(m, "attention_mass", keep_ratio=rho, after_layer=cfg.after_layer)
-            models[f"mean@{rho:g}/L{cfg.after_layer}"] = m
+            for kernel in cfg.scorer_kernels:
+                m = copy.deepcopy(base)
+                api.patch(m, "attention_mass", keep_ratio=rho, after_layer=cfg.after_layer,
+                          scorer_kernel=kernel)
+                suffix = "" if kernel == "matmul" else f"/{kernel}"
+                models[f"mean@{rho:g}/L{cfg.after_layer}{suffix}"] = m
         models[f"layers={n}"] = _shallow(base, n)
         q, why = _int8(base, cfg.device)
         if q is not None:
