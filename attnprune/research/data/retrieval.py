@@ -59,10 +59,19 @@ SPLITS = ("distill", "val", "test")
 FILES = ("distill.jsonl", "val_corpus.jsonl", "val_queries.jsonl", "test_corpus.jsonl",
          "test_queries.jsonl")
 
-# (import name in site-packages, split). Projects built on one another stay on one side
-# (sympy + mpmath, scipy + numpy are apart on purpose? no: numpy is distill, scipy test — their
-# docstrings are separate texts, and shared copies are dropped by the cross-split rule).
-PACKAGES: tuple[tuple[str, str], ...] = ()
+# (import name in site-packages, split): test ≥ 20,000 passages and ≥ 5,000 queries after the
+# cross-split copy rule. Projects built on one another stay on one side (sympy + mpmath,
+# flask + werkzeug, transformers + huggingface_hub: test; numpy + scipy + sklearn: distill).
+TEST_PACKAGES = ("sympy", "mpmath", "transformers", "huggingface_hub", "statsmodels", "pandas",
+                 "matplotlib", "networkx", "IPython", "fontTools", "docutils", "werkzeug",
+                 "flask", "pydantic", "rich")
+VAL_PACKAGES = ("datasets", "sentence_transformers", "accelerate", "torchao", "hypothesis")
+DISTILL_PACKAGES = ("torch", "numpy", "scipy", "sklearn", "narwhals", "_pytest", "pyparsing",
+                    "libcst", "trio", "setuptools", "fsspec", "onnx_ir", "PIL",
+                    "prompt_toolkit", "click", "jinja2")
+PACKAGES: tuple[tuple[str, str], ...] = (
+    *((p, "distill") for p in DISTILL_PACKAGES), *((p, "val") for p in VAL_PACKAGES),
+    *((p, "test") for p in TEST_PACKAGES))
 
 _SKIP = re.compile(r"(^|/)(tests?|testing|benchmarks?|examples?|_vendor|vendor|vendored|extern|"
                    r"externals?)(/|$)")
