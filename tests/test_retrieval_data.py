@@ -92,6 +92,8 @@ def test_build_is_deterministic_grouped_and_bounded(sources, tok, tmp_path):
             assert split.corpus[p].startswith(fn + "x0 ")
     # over-long bodies cut at a sentence end; short ones extended with the module docstring
     assert all(t.endswith(".") for t in texts)
+    cut = [t for t in texts if t.startswith("paf2x0 ")]  # f2's body is 200 words: over-long
+    assert len(cut) == 1 and "paf2x199" not in cut[0] and "paf2x15." in cut[0]
     assert any("pam0" in t for t in rows["distill.jsonl"] for t in [t["text"]])
 
 
