@@ -344,7 +344,7 @@ def _config_of(words: tuple[str, ...]) -> tuple[str, set[str]] | None:
     found = importlib.util.find_spec(module)
     if found is None or found.origin is None:
         return None
-    m = re.search(r"parse_command_line\(\s*argv\s*,\s*(\w+)",
+    m = re.search(r"(?:parse_command_line|run_command)\(\s*argv\s*,\s*(\w+)",
                   Path(found.origin).read_text(encoding="utf-8"))
     return (f"{module}:{m.group(1)}", set()) if m else None
 
@@ -505,7 +505,7 @@ def _check_module(root: Path, mod: str, rest: list[str], commands: dict, parsers
     if importlib.util.find_spec(mod) is None:
         return [f"no module {mod}"]
     src = Path(importlib.util.find_spec(mod).origin).read_text(encoding="utf-8")
-    m = re.search(r"parse_command_line\(\s*argv\s*,\s*(\w+)", src)
+    m = re.search(r"(?:parse_command_line|run_command)\(\s*argv\s*,\s*(\w+)", src)
     if m:  # a command module not (yet) in the CLI table: its config dataclass is its parser
         return _check_options(root, ("-m", mod), rest, parsers, spec=(f"{mod}:{m.group(1)}", set()))
     return [f"{mod} does not know {o}" for o in _opts(rest) if f'"{o}"' not in src]
