@@ -13,6 +13,7 @@ import json
 import pickle
 import sys
 import threading
+import warnings
 
 import pytest
 import torch
@@ -196,6 +197,35 @@ def test_sync_free_path_keeps_a_pairs_separators(kind, method):
     assert kept[0][1] == 3 * n_protected, kept  # every row keeps just its protected tokens
     assert kept[1] == kept[0]
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+
+
+def test_sync_free_path_says_when_protected_tokens_do_not_fit():
+    """A row with more protected tokens than the fixed width holds (here 6 separators, width
+    max(⌊0.25·11⌋, 4) = 4): the sync-free path cannot keep them all without reading the
+    device, so reading its stats counts them and warns once; a standard pair does not."""
+    torch.manual_seed(0)
+    model = attnprune.patch(BertModel(BertConfig(**SMALL)).eval(), "attention_mass",
+                            keep_ratio=0.25, after_layer=1, sync_free=True, output="scatter",
+                            protect_token_ids=[3])
+    x = _pairs("bert")
+    with torch.no_grad():
+        model(**x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a pair fits: no warning
+        assert attnprune.patch_state(model).stats["protected_cut"] == 0
+    many = dict(x)
+    many["input_ids"] = x["input_ids"].clone()
+    many["input_ids"][0, 1:7] = 3  # six more separators in the first row
+    with torch.no_grad():
+        model(**many)
+    with pytest.warns(UserWarning, match="protected token"):
+        cut = attnprune.patch_state(model).stats["protected_cut"]
+    assert cut > 0
+    with torch.no_grad():
+        model(**many)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per patch
+        assert attnprune.patch_state(model).stats["protected_cut"] == cut
 
 
 def test_fixed_width_is_the_largest_budget():

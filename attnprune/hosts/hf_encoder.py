@@ -109,8 +109,9 @@ from __future__ import annotations
 import math
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -670,6 +671,9 @@ class _Pass:
     kept: list  # real tokens (soft mask sums in training) entering layer l, all groups
     padded: list  # token slots layer l computes, summed over groups
     length: int  # L, the input's width (the kept mask is (B, L))
+    # tokens every selection must keep (protected) that a fixed sync-free width left out,
+    # per pruning layer, as device counts (read with the stats, never during the forward)
+    cut: list = field(default_factory=list)
 
 
 def _pruned_forward(state: HFEncoderState, original, hidden_states, attention_mask=None,
@@ -734,8 +738,9 @@ def _run(state: HFEncoderState, call: _Call, original, hidden_states, attention_
         "gather_time_s": call.gather_time_s,  # gather, scatter, the new masks, groups
     }
     if free:  # counts stay on the device until read (host timers: launches only, on a GPU)
-        kept, padded, real = run.kept, run.padded, mask.sum()
-        state.stats = LazyStats(lambda: _stats(kept, padded, real, n, times))
+        kept, padded, real, cut = run.kept, run.padded, mask.sum(), run.cut
+        state.stats = LazyStats(lambda: _warn_cut(state, _stats(kept, padded, real, n, times,
+                                                                 cut)))
     else:
         state.stats = _stats(run.kept, run.padded, mask.sum(), n, times)
     return state.output_cls(last_hidden_state=hidden_states)
@@ -754,14 +759,32 @@ def _rank_loss(call: _Call, attn: Tensor, mask: Tensor) -> None:
     call.aux_losses.append(loss_fn(student, mask))
 
 
-def _stats(kept: list, padded: list, real, n: int, times: dict | None) -> dict:
+def _stats(kept: list, padded: list, real, n: int, times: dict | None,
+           cut: list | None = None) -> dict:
     """The ``stats`` dict from per-layer counts (numbers or device tensors)."""
     kept = [float(k) for k in kept]
     real = int(real)
     out = {"real_tokens": real, "kept_per_layer": kept, "padded_per_layer": [int(p) for p in padded],
            "kept_ratio": sum(kept) / max(n * real, 1)}
+    if cut is not None:  # the sync-free path: protected tokens its fixed width left out
+        out["protected_cut"] = int(sum(int(c) for c in cut))
     out.update(times or {})
     return out
+
+
+def _warn_cut(state: HFEncoderState, stats: dict) -> dict:
+    """Once per patch, when the stats of a sync-free forward are read: a row had more
+    protected tokens (CLS, separators, ``protect_token_ids``) than the fixed gather width
+    ⌊ρ·K⌋ (at least ``PAIR_PROTECTED``) holds, so that path dropped some the CPU path keeps.
+    Knowing it during the forward would mean reading the device, which that path never does."""
+    if stats.get("protected_cut", 0) > 0 and not getattr(state, "_warned_cut", False):
+        state._warned_cut = True
+        warnings.warn(
+            f"sync-free path: {stats['protected_cut']} protected token(s) (CLS, separators, "
+            f"protect_token_ids) did not fit the fixed gather width max(floor(keep_ratio*K), "
+            f"{PAIR_PROTECTED}) and were dropped, where the CPU path keeps them; raise "
+            f"keep_ratio, protect fewer ids, or patch with sync_free=False", stacklevel=2)
+    return stats
 
 
 def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask: Tensor,
@@ -844,6 +867,8 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
                 call.gather_time_s += time.perf_counter() - t1
                 continue
         width = _width(run, keep, rho)
+        if width is not None and run.sync_free and not run.static:
+            run.cut.append((keep.sum(1) - width).clamp_min(0).sum())  # no read: a device count
         g, index = (gather_tokens(hidden, keep, index) if width is None
                     else gather_tokens(hidden, keep, index, size=width))
         hidden, mask = g.hidden, g.mask
