@@ -222,3 +222,17 @@ def test_python_dash_m_runs_an_old_path(tmp_path):
                          check=False)
     assert old.returncode == r.returncode
     assert old.stdout == r.stdout
+
+
+def test_no_source_file_is_ignored_by_git():
+    """A package file that .gitignore matches (``runs/`` once matched ``attnprune/runs/``)
+    exists here but never reaches a clone: CI would fail on a missing module."""
+    import shutil
+
+    repo = ROOT.parent
+    if shutil.which("git") is None or not (repo / ".git").exists():
+        pytest.skip("not a git checkout")
+    files = [str(p.relative_to(repo)) for p in ROOT.rglob("*.py")]
+    r = subprocess.run(["git", "check-ignore", "--no-index", *files], cwd=repo,
+                       capture_output=True, text=True, check=False, timeout=60)
+    assert r.stdout.split() == []
