@@ -86,7 +86,8 @@ class BucketedModel:
         rows, tokens = self.shape_for(batch, length)
         padded = {k: (_pad(v, rows, tokens, self._fill(k)) if k in per_token else v)
                   for k, v in inputs.items()}
-        out = self.compiled(**padded)
+        with torch.no_grad():  # inference: no autograd graph compiled or recorded around it
+            out = self.compiled(**padded)
         return _cut(out, rows, tokens, batch, length, self.clone)
 
     def _fill(self, name: str) -> int:
