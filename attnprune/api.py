@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from attnprune.hosts import MODEL_STATE_ATTR, PatchState, find_host
+from attnprune.hosts.compat import hook_dicts
 from attnprune.hosts.stack import PatchStack, check_stackable
 from attnprune.methods import registry
 
@@ -92,9 +93,10 @@ def _watch_untrained(model: nn.Module, state) -> None:
 def _untrained_check(state, module: nn.Module, args, output) -> None:
     if module.training:  # training is what makes the decisions; wait for an eval forward
         return
-    for key in [k for k, h in module._forward_hooks.items()  # once: remove this hook
+    hooks = hook_dicts(module)[0]
+    for key in [k for k, h in hooks.items()  # once: remove this hook
                 if isinstance(h, partial) and h.func is _untrained_check and h.args[0] is state]:
-        del module._forward_hooks[key]
+        del hooks[key]
     kept = state.stats.get("kept_per_layer") or [0.0]
     if not state.enabled or min(kept) < 1.0 or not _decides_blindly(state, module):
         return

@@ -6,6 +6,7 @@ so a lazy import that crosses a layer is caught as well as a top-level one."""
 
 import ast
 import importlib
+import re
 import subprocess
 import sys
 import warnings
@@ -236,3 +237,23 @@ def test_no_source_file_is_ignored_by_git():
     r = subprocess.run(["git", "check-ignore", "--no-index", *files], cwd=repo,
                        capture_output=True, text=True, check=False, timeout=60)
     assert r.stdout.split() == []
+
+
+PRIVATE = re.compile(r"\._attn_implementation\b|[\"']_attn_implementation[\"']|\._forward_hooks\b|"
+                     r"\._forward_pre_hooks\b|\._modules\b|torch\.ops\.aten\._")
+
+
+def test_private_torch_and_transformers_names_only_in_the_compat_module():
+    """Private names (``config._attn_implementation``, ``module._forward_hooks`` /
+    ``_forward_pre_hooks`` / ``_modules``, aten's ``_scaled_dot_product_*``) are reached through
+    ``attnprune/hosts/compat.py`` alone, which says which versions it was checked against."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel == "hosts/compat.py" or rel.startswith("_deprecated/"):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if PRIVATE.search(code) and "``" not in code:
+                found.append(f"{rel}:{n}: {line.strip()}")
+    assert found == []

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from attnprune import api
+from attnprune.hosts.compat import attn_implementation
 from attnprune.methods import registry
 
 __all__ = ["FORMAT_VERSION", "RECIPE", "WEIGHTS", "from_pretrained", "save_pretrained"]
@@ -243,7 +244,7 @@ def _base_attn_implementation(model: nn.Module, states: list) -> str | None:
     for s in states:
         if hasattr(s, "previous") and hasattr(s, "impl"):
             return s.previous
-    return getattr(model.config, "_attn_implementation", None)
+    return attn_implementation(model.config)
 
 
 def _fix_architectures(folder: Path, stock: type) -> None:

@@ -43,6 +43,8 @@ import warnings
 
 from torch import nn
 
+from attnprune.hosts.compat import hook_dicts
+
 __all__ = ["BACKENDS", "quantize_int8"]
 
 BACKENDS = ("auto", "torch.ao", "torchao")
@@ -110,7 +112,7 @@ def _conv1d_to_linear(model: nn.Module) -> None:
     """Replace HF ``Conv1D`` (y = x W + b, W (in, out)) by the equal ``nn.Linear`` (W ᵀ)."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if _is_conv1d(child) and not child._forward_hooks and not child._forward_pre_hooks:
+            if _is_conv1d(child) and not any(hook_dicts(child)):
                 w = child.weight  # (in, out)
                 lin = nn.Linear(w.shape[0], w.shape[1], bias=child.bias is not None,
                                 device=w.device, dtype=w.dtype)

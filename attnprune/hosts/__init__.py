@@ -17,6 +17,8 @@ from functools import partial
 import torch
 from torch import nn
 
+from attnprune.hosts.compat import attn_implementation, children_dict, hook_dicts
+
 # The attribute of a patched model that holds its PatchState (``attnprune.patch_state``).
 MODEL_STATE_ATTR = "_attnprune"
 
@@ -57,7 +59,7 @@ def remove_state_hooks(model: nn.Module, state: PatchState) -> None:
     ``swap_module`` re-registers a Linear's hooks on its quantized replacement.
     """
     for m in model.modules():
-        for hooks in (m._forward_hooks, m._forward_pre_hooks):
+        for hooks in hook_dicts(m):
             for key in [k for k, h in hooks.items()
                         if isinstance(h, partial) and any(a is state for a in h.args)]:
                 del hooks[key]
@@ -74,7 +76,7 @@ def check_attn_implementation(config, host: str) -> None:
     """ValueError naming the supported back-ends when the model's ``attn_implementation`` is
     one the token hosts cannot serve (checked at patch time and at every forward: it can be
     switched with ``set_attn_implementation`` after patching)."""
-    impl = getattr(config, "_attn_implementation", None)
+    impl = attn_implementation(config)
     if impl is not None and impl not in TOKEN_ATTN_IMPLEMENTATIONS:
         raise ValueError(
             f"attn_implementation: {host} token pruning supports "
@@ -109,7 +111,7 @@ def add_method_module(owner: nn.Module, module: nn.Module) -> str:
     model), or ``attnprune_method_2``, … when a stacked patch already holds that name (a token
     and an attention method on one BERT both live on the top model). Returns the name."""
     name, i = METHOD_MODULE, 2
-    while name in owner._modules:
+    while name in children_dict(owner):
         name, i = f"{METHOD_MODULE}_{i}", i + 1
     owner.add_module(name, module)
     return name
@@ -118,8 +120,9 @@ def add_method_module(owner: nn.Module, module: nn.Module) -> str:
 def remove_method_module(owner: nn.Module, module: nn.Module) -> None:
     """Remove ``module`` from ``owner``'s submodules, whatever name it got (identity, so a
     stacked patch's unpatch never removes the other patch's method)."""
-    for name in [n for n, m in owner._modules.items() if m is module]:
-        del owner._modules[name]
+    children = children_dict(owner)
+    for name in [n for n, m in children.items() if m is module]:
+        del children[name]
 
 
 @dataclass(frozen=True)

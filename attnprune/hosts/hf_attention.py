@@ -83,6 +83,7 @@ from attnprune.hosts import (
     remove_method_module,
     remove_state_hooks,
 )
+from attnprune.hosts.compat import attn_implementation
 from attnprune.methods import registry
 from attnprune.methods.crisp import (
     allowed_keys,
@@ -406,7 +407,7 @@ class AttentionPatchState(PatchState):
             h.remove()
         self.handles.clear()
         remove_state_hooks(model, self)
-        if self.previous is not None and model.config._attn_implementation == self.impl:
+        if self.previous is not None and attn_implementation(model.config) == self.impl:
             # else the user chose a back-end after the last forward: theirs stays
             model.set_attn_implementation(self.previous)
         restore_configs(model)
@@ -629,11 +630,11 @@ def _start_forward(state: AttentionPatchState, mod, args, kwargs) -> None:
     """Forward pre-hook on the model: new per-call data for this thread (the last forward's
     losses and statistics are replaced, not cleared: a caller still holding the old list keeps
     it), the 2-D mask, the position ids and whether attention weights are asked for."""
-    if state.previous is not None and mod.config._attn_implementation != state.impl:
+    if state.previous is not None and attn_implementation(mod.config) != state.impl:
         # ``set_attn_implementation`` after patching switched the method off without a word
         # (the stock back-end ran, patch_state still named the method): the user's choice
         # becomes the back-end ``unpatch`` restores, and the method keeps running
-        state.previous = mod.config._attn_implementation
+        state.previous = attn_implementation(mod.config)
         mod.set_attn_implementation(state.impl)
     call = state.call
     call.aux_losses, call.stats, call.hidden = [], {}, {}
@@ -706,7 +707,7 @@ def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPa
         method.to(device=param.device, dtype=param.dtype)
     method.train(model.training)  # follow the model's mode (model.eval() came before the patch)
     adapter = ADAPTERS.get(fam.scores)
-    previous = None if adapter else (model.config._attn_implementation or "eager")
+    previous = None if adapter else (attn_implementation(model.config) or "eager")
     state = AttentionPatchState(spec.name, method, IMPL, previous,
                                 {m: i for i, m in enumerate(attn)}, fam, n_layers)
     if adapter is None:

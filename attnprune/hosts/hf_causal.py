@@ -76,6 +76,7 @@ from attnprune.hosts import (
     register_host,
     remove_state_hooks,
 )
+from attnprune.hosts.compat import children_dict
 from attnprune.methods import registry
 from attnprune.selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
 
@@ -474,8 +475,7 @@ class CausalPatchState(PatchState):
         g = self._gpt2
         if g is not None:
             g.__class__ = self._old_cls
-            if "attnprune_method" in g._modules:
-                del g._modules["attnprune_method"]
+            children_dict(g).pop("attnprune_method", None)
             if "_attnprune_state" in g.__dict__:
                 del g.__dict__["_attnprune_state"]
         if self._hook is not None:

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from attnprune.hosts.compat import attn_implementation
+
 __all__ = ["ANATOMIES", "Anatomy"]
 
 
@@ -330,7 +332,7 @@ def _modernbert_local_mask(state, mask4d, index, dtype):
     if mask4d is not None and mask4d.is_floating_point():
         return torch.where(window, mask4d, torch.finfo(mask4d.dtype).min)
     allowed = window if mask4d is None else window & mask4d
-    if state.config._attn_implementation == "eager":
+    if attn_implementation(state.config) == "eager":
         return torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)
     return allowed
 

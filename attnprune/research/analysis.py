@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from attnprune.api import patch_state
+from attnprune.hosts.compat import attn_implementation
 from attnprune.hosts.hf_attention import AttentionPatchState, attention_modules, ffn_modules
 from attnprune.methods.cost import row_entropy_bits
 
@@ -60,7 +61,7 @@ def attention_weights_on(model: nn.Module):
         finally:
             state.need_weights = False
         return
-    previous = getattr(model.config, "_attn_implementation", None)
+    previous = attn_implementation(model.config)
     switch = state is None and previous not in (None, "eager")
     if switch:
         model.set_attn_implementation("eager")

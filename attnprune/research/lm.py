@@ -57,6 +57,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attnprune import api
+from attnprune.hosts.compat import children_dict
 from attnprune.hosts.hf_causal import cache_kwargs
 from attnprune.measure import count_flops, env_info, time_fn
 from attnprune.methods import registry
@@ -253,7 +254,7 @@ def context_window(config) -> int:
 def method_module(model: nn.Module) -> nn.Module | None:
     """The token method's module on a patched causal model (GPT-2 or Llama family), or None."""
     t = getattr(model, "base_model", None)
-    return None if t is None else t._modules.get("attnprune_method")
+    return None if t is None else children_dict(t).get("attnprune_method")
 
 
 def stages(cfg: LMConfig) -> list[dict]:

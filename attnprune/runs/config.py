@@ -277,8 +277,8 @@ def plain(text: str) -> str:
 # The run flags every command that writes a results folder takes (parse_command_line)
 RUN_FLAGS = (
     ("--config FILE.yaml", "options from a YAML file (options given on the line override it)"),
-    ("--out DIR", "(default {out}) the results folder: a new <command>-<date>-<time> folder is "
-                  "made inside DIR; a DIR that holds config.yaml is resumed"),
+    ("--out DIR", ("(default {out}) the results folder: a new <command>-<date>-<time> folder "
+                   "is made inside DIR; a DIR that holds config.yaml is resumed")),
     ("--exact-out", "write into DIR itself instead of a new timestamped folder"),
 )
 

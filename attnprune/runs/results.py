@@ -21,7 +21,6 @@ import os
 import re
 import secrets
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any

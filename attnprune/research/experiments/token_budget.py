@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from attnprune import api
+from attnprune.hosts.compat import attn_implementation
 from attnprune.measure import env_info
 from attnprune.runs import stats
 from attnprune.runs.command import run_command
@@ -112,7 +113,7 @@ def attention_by_layer(model, batches, max_batches: int) -> dict:
     from attnprune.methods.cost import row_entropy_bits
     from attnprune.research.analysis import attention_modules, row_gini
 
-    previous = model.config._attn_implementation
+    previous = attn_implementation(model.config)
     model.set_attn_implementation("eager")
     mods = attention_modules(model)
     sums = np.zeros((len(mods), 3))  # gini, entropy, rows
