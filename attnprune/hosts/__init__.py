@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -49,6 +50,112 @@ class PatchState:
         if not self.aux_losses:
             return None
         return torch.stack([a.reshape(()) for a in self.aux_losses]).sum()
+
+
+class CallData:
+    """Base of a host's per-call data: what one forward of a patched model computes and reads
+    back within that forward (captured projections, masks, the layer running now), and what
+    it leaves for its caller (``aux_losses``, ``stats``). Hosts subclass it with their fields."""
+
+    def __init__(self) -> None:
+        self.aux_losses: list[torch.Tensor] = []
+        self.stats: dict = {}
+
+
+class Calls:
+    """The one per-call state of every host: a patch state's :class:`CallData`, per thread.
+
+    :func:`bracket_calls` begins a call at the model's entry (a forward pre-hook) and ends it
+    at the exit (an ``always_call`` forward hook: also when the forward raised), the
+    ``try/finally`` of a forward the library does not own. Calls nest (a model run inside its
+    own forward, by a hook or a teacher): each thread keeps a stack. ``current()`` is the
+    running call's data; ``last()`` the thread's last finished call's, which its caller reads
+    (losses, statistics) — one patched model serves several threads (a web server's pool) and
+    no thread reads another's. A copy or pickle of the state starts with no calls.
+    """
+
+    def __init__(self, factory: Callable[[], CallData] = CallData) -> None:
+        self.factory = factory
+        self._local = threading.local()
+
+    def _stack(self) -> list:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def begin(self) -> CallData:
+        data = self.factory()
+        self._stack().append(data)
+        return data
+
+    def end(self) -> None:
+        stack = self._stack()
+        if stack:
+            self._local.last = stack.pop()
+
+    def current(self) -> CallData:
+        """The running call's data; outside a bracketed forward (a submodule called on its
+        own), a call that :meth:`end` or the next :meth:`begin` replaces."""
+        stack = self._stack()
+        if not stack:
+            stack.append(self.factory())
+        return stack[-1]
+
+    def running(self) -> bool:
+        return bool(self._stack())
+
+    def last(self) -> CallData | None:
+        """The data of this thread's last finished call (None before any)."""
+        return getattr(self._local, "last", None)
+
+    def __getstate__(self) -> dict:
+        return {"factory": self.factory}
+
+    def __setstate__(self, d: dict) -> None:
+        self.factory = d["factory"]
+        self._local = threading.local()
+
+
+def bracket_calls(model: nn.Module, state: PatchState, calls: Calls,
+                  on_begin: Callable | None = None) -> list:
+    """Begin a call of ``calls`` at every forward of ``model`` and end it after, also when the
+    forward raises; ``on_begin(state, data, module, args, kwargs)`` (a module-level function)
+    fills the new call from the forward's arguments. Returns the two hook handles. The hooks
+    are partials over ``state`` (see :func:`replace_forward`)."""
+    return [
+        model.register_forward_pre_hook(partial(_begin_call, state, calls, on_begin),
+                                        with_kwargs=True, prepend=True),
+        model.register_forward_hook(partial(_end_call, state, calls), always_call=True),
+    ]
+
+
+def _begin_call(state, calls: Calls, on_begin, module, args, kwargs) -> None:
+    data = calls.begin()
+    if on_begin is not None:
+        on_begin(state, data, module, args, kwargs)
+
+
+def _end_call(state, calls: Calls, module, args, output) -> None:
+    calls.end()
+
+
+def replace_forward(module: nn.Module, fn: Callable, state: PatchState, *args) -> None:
+    """The one patch mechanism of every host: ``module.forward`` becomes
+    ``partial(fn, state, *args, <the module's stock forward>)``, an instance attribute.
+
+    A partial over a module-level function, not a closure nor a generated class:
+    ``copy.deepcopy`` (which ``torch.ao`` quantization calls) copies a partial's arguments
+    with the model's memo, so a copy's forward reaches the copy's state and modules; pickle
+    stores the function by name; the class stays the stock one (``isinstance``,
+    ``save_pretrained`` and ``type(model).__name__`` are unchanged). :func:`restore_forward`
+    undoes it."""
+    module.forward = partial(fn, state, *args, module.forward)
+
+
+def restore_forward(module: nn.Module) -> None:
+    """Undo :func:`replace_forward` (the class's forward shows through again)."""
+    module.__dict__.pop("forward", None)
 
 
 def remove_state_hooks(model: nn.Module, state: PatchState) -> None:
