@@ -24,6 +24,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
                               "the cost paper's Tables 1-2: accuracy, FLOPs, Gini, entropy vs k"),
     ("reproduce", "intensity"): ("attnprune.research.experiments.intensity_runs:main",
                                  "the intensity paper's Runs 0–4 on shakespeare_char, seeds, Holm"),
+    ("reproduce", "long-tasks"): ("attnprune.research.experiments.long_tasks:main",
+                                  "FastV / GemFilter vs controls on the long-context task suite"),
     ("finetune",): ("attnprune.research.finetune:main", "fine-tune and evaluate an HF encoder with a method"),
     ("pareto",): ("attnprune.research.pareto:main",
                   "accuracy–latency front: full, layer-drop, int8, token pruning, composed"),

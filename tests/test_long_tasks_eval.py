@@ -1,0 +1,100 @@
+"""The long-task evaluation (attnprune.research.experiments.long_tasks) end to end on a tiny
+random byte-level Llama: the fields, the pairing with full, both question modes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from attnprune.research.data import long_tasks as lt
+from attnprune.research.experiments import long_tasks as ev
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    conf = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
+                       bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    LlamaForCausalLM(conf).save_pretrained(path)
+    return str(path)
+
+
+def test_question_after_the_prefill_decodes_the_tail_as_the_full_prompt_would(model_dir):
+    model, tok = ev.load_model(model_dir), lt.ByteTokenizer()
+    ex = lt.example("multikey", 400, 0, keys=3)
+    head, tail, n = ev.encode(tok, ex)
+    assert n == len(ex.target.encode())
+    a = ev.answer(model, head, tail, 4, "prompt", keep=1.0)
+    b = ev.answer(model, head, tail, 4, "after", keep=1.0)
+    ids = torch.tensor([head + tail])
+    stock = model.generate(ids, max_new_tokens=4, do_sample=False)[0, ids.shape[1]:].tolist()
+    assert a == b == stock
+
+
+def test_recent_control_keeps_exactly_the_last_tokens():
+    opts = ev._prefill_options({"kind": "recent", "keep": 0.25}, 400)
+    assert opts == {"keep": 100, "method": "gemfilter", "layer": 0, "window": 100, "sinks": 0}
+    from attnprune.prefill import select_kept
+
+    kept = select_kept(torch.rand(1, 400), torch.ones(1, 400, dtype=torch.bool), opts["keep"],
+                       opts["sinks"], opts["window"])
+    assert kept[0, 300:].all() and not kept[0, :300].any()
+
+
+@pytest.mark.parametrize("question", ["prompt", "after"])
+def test_run_writes_paired_rows(model_dir, tmp_path, question):
+    out = tmp_path / "out"
+    argv = ["--model", model_dir, "--tasks", "multikey,freqwords", "--lengths", "512", "--n", "3",
+            "--keeps", "0.5", "--methods", "fastv,gemfilter", "--fastv_layer", "1",
+            "--gemfilter_layer", "2", "--window", "4", "--sinks", "1", "--question", question,
+            "--n_resamples", "200", "--threads", "1", "--out", str(out), "--exact-out"]
+    assert ev.main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    preds = json.loads((out / "predictions.json").read_text())
+    labels = ["full", "fastv 0.5", "gemfilter 0.5", "fastv 0.5 random", "gemfilter 0.5 random",
+              "recent 0.5"]
+    assert [(r["task"], r["variant"]) for r in summary["rows"]] == [
+        (t, v) for t in ("multikey", "freqwords") for v in labels]
+    assert summary["config"]["question"] == question
+    assert (out / "table.md").is_file()
+    for r in summary["rows"]:
+        assert r["n"] == 3 and r["length"] == 512 and 0 <= r["accuracy"] <= 1
+        assert r["accuracy_ci95"][0] <= r["accuracy"] <= r["accuracy_ci95"][1]
+        p = next(p for p in preds if p["task"] == r["task"])
+        right, full = p[r["variant"]]["right"], p["full"]["right"]
+        assert len(p[r["variant"]]["outputs"]) == 3
+        if r["variant"] == "full":
+            assert "diff" not in r
+            continue
+        # paired with full, example by example
+        assert r["lost"] == sum(f and not x for x, f in zip(right, full))
+        assert r["gained"] == sum(x and not f for x, f in zip(right, full))
+        assert r["diff"] == pytest.approx((sum(right) - sum(full)) / 3)
+    random_row = next(r for r in summary["rows"] if r["variant"] == "fastv 0.5 random")
+    assert random_row["options"]["score"] == "random" and random_row["kind"] == "random"
+
+
+def test_rows_pair_each_variant_with_full_example_by_example():
+    # a random tiny model answers nothing, so the pairing is checked on given right / wrong lists
+    specs = {"full": {"kind": "full", "keep": 1.0}, "recent 0.5": {"kind": "recent", "keep": 0.5}}
+    res = {"full": {"right": [True, True, True, True, False, False]},
+           "recent 0.5": {"right": [False, True, True, True, True, False]}}
+    full, recent = ev.rows_for("multikey", 1024, specs, res, n_resamples=500)
+    assert full["accuracy"] == 4 / 6 and "diff" not in full
+    assert (recent["lost"], recent["gained"]) == (1, 1) and recent["diff"] == 0
+    assert recent["diff_ci95"][0] < 0 < recent["diff_ci95"][1]
+    assert recent["accuracy_ci95"][0] < 4 / 6 < recent["accuracy_ci95"][1]
+
+
+def test_config_errors_name_the_option():
+    for bad, name in [({"tasks": ("needle",)}, "tasks"), ({"question": "inside"}, "question"),
+                      ({"keeps": (1.0,)}, "keeps"), ({"methods": ("snapkv",)}, "methods"),
+                      ({"placement": "middle"}, "placement"), ({"split": "dev"}, "split")]:
+        with pytest.raises(ValueError, match=name):
+            ev.LongTasksConfig(**bad)
