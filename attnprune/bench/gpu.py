@@ -574,14 +574,17 @@ def run(cfg: BenchGPUConfig, results: ResultsDir) -> dict:
                    "config": dataclasses.asdict(cfg), "models": models, "rows": done,
                    "table": table(done)}
         results.write_json("summary.json", summary)
+        results.write_text("table.md", summary["table"] + "\n")
+        if cfg.profile:
+            results.write_text("profile.txt", profile_text(done) + "\n")
         return summary
+
+    write([])  # a run killed before its first cell still leaves its files
 
     rows += _encoder_rows(cfg, dtype, write, deadline, models)
     for shape in cfg.decoders:
         rows += _decoder_rows(cfg, shape, dtype, write, deadline)
     summary = write([])
-    if cfg.profile:
-        results.write_text("profile.txt", profile_text(rows) + "\n")
     if any(r["ms"] is not None for r in rows):
         _figure([r for r in rows if r["ms"] is not None], results.path / "bench_gpu.png")
     return summary

@@ -339,8 +339,9 @@ def _peaks(payload: dict) -> dict:
                                           by_label.items()} for L, by_label in fns.items()}}
 
 
-def run(cfg: BenchPrefillConfig, progress=print) -> dict:
-    """Every length and variant; the summary dict."""
+def run(cfg: BenchPrefillConfig, progress=print, save=None) -> dict:
+    """Every length and variant; the summary dict (also handed to ``save`` after each length,
+    so that a run stopped from outside keeps the lengths it finished)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     end = time.monotonic() + cfg.deadline_s if cfg.deadline_s else None
@@ -359,12 +360,19 @@ def run(cfg: BenchPrefillConfig, progress=print) -> dict:
         rows += bench_length(model, cfg, L, others)
         longest = max(longest, time.monotonic() - t0)
         progress(format_table({"rows": [r for r in rows if r["length"] == L]}, header=L == cfg.lengths[0]))
+        if save is not None:
+            save(_summary(cfg, rows))
     timed = [r for r in rows if r["median_ms"] is not None]
     if cfg.memory and cfg.device == "cpu":  # after every timing, in a process of its own
         _fill_peaks(timed, cfg)
     if cfg.memory:
         progress("peak MB: " + ", ".join(f"{r['length']} {r['variant']} {r['peak_mb']:.1f}"
                                          for r in timed))
+    return _summary(cfg, rows)
+
+
+def _summary(cfg: BenchPrefillConfig, rows: list[dict]) -> dict:
+    timed = [r for r in rows if r["median_ms"] is not None]
     env = env_info(cfg.device, DTYPES[cfg.dtype])
     return {"command": "bench prefill", "env": {**env, "clock": cfg.clock,
                                                  "timer": timed[0]["timer"] if timed else None},
@@ -391,7 +399,7 @@ def main(argv: list[str]) -> int:
     """CLI entry: ``python -m attnprune.bench.prefill [--key value ...] --out DIR``."""
 
     def body(cfg, out) -> str:
-        summary = run(cfg)
+        summary = run(cfg, save=lambda s: save_table(out, s, format_table, "table.txt"))
         save_table(out, summary, format_table, "table.txt")
         return f"threads={summary['env']['threads']} clock={cfg.clock}"
 
