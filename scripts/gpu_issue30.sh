@@ -27,12 +27,15 @@ DEVICE=${DEVICE:-cuda}
 QUICK=${QUICK:-false}
 COMPILE=${COMPILE:-true}
 if [[ $DEVICE == cpu ]]; then DTYPE=${DTYPE:-fp32}; else DTYPE=${DTYPE:-bf16}; fi
-TOTAL_S=${TOTAL_S:-470}           # the whole script; each step gets min(its own, what is left)
-if [[ $QUICK == true ]]; then     # the dry run: one cell where a step needs only its files,
-  EAGER_CELLS=[32x512] PROF_REPEATS=1 TEST_ARGS=(--collect-only)  # tests collected, not run
+if [[ $QUICK == true ]]; then  # the dry run (≤ 10 min on a loaded 2-core CPU): one cell where
+  # a step needs only its files, tests collected, not run; more time for the CPU's slow steps
+  EAGER_CELLS=[32x512] PROF_REPEATS=1 TEST_ARGS=(--collect-only)
+  TOTAL_S=${TOTAL_S:-540} GRID_S=${GRID_S:-200} PREFILL_S=${PREFILL_S:-80}
+  PROFILE_S=${PROFILE_S:-60} EAGER_S=${EAGER_S:-60}
 else
   EAGER_CELLS=[32x512,1x512,128x512,8x2048,32x128,1x128] PROF_REPEATS=3 TEST_ARGS=()
 fi
+TOTAL_S=${TOTAL_S:-470}           # the whole script; each step gets min(its own, what is left)
 GRID_S=${GRID_S:-240} PREFILL_S=${PREFILL_S:-90} PROFILE_S=${PROFILE_S:-25}
 PROFILE_COMPILED_S=${PROFILE_COMPILED_S:-45} EAGER_S=${EAGER_S:-40} TESTS_S=${TESTS_S:-60}
 KEEPS=${KEEPS:-[0.25,0.5]} SCORERS=${SCORERS:-[matmul,sdpa]} MODELS=${MODELS:-[bert-base,minilm-l6]}
