@@ -183,3 +183,24 @@ def test_bad_grid_options_name_the_field(tmp_path, option, value, field):
     with pytest.raises(ValueError, match=field):
         main([*TINY, option, value, "--out", str(tmp_path)])
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_a_models_first_cell_is_expected_to_take_the_longest_cell_so_far(tmp_path, monkeypatch):
+    """A clock that moves 10 s a reading: the tiny model's cell takes "10 s"; with 5 s left,
+    the next model's first cell (no history of its own) must be skipped, not started."""
+    import time as real_time
+    import types
+
+    from attnprune.bench import gpu
+
+    ticks = iter(range(0, 10_000, 10))
+    monkeypatch.setattr(gpu, "time", types.SimpleNamespace(
+        monotonic=lambda: next(ticks), perf_counter=real_time.perf_counter))
+    left = iter([100.0, 5.0])
+    monkeypatch.setattr(gpu._Deadline, "left", lambda self: next(left))
+    assert main([*TINY, "--models", "[tiny,minilm]", "--cells", "[1x16]", "--deadline-s", "60",
+                 "--out", str(tmp_path)]) == 0
+    rows = _summary(tmp_path)["rows"]
+    assert all(r["ms"] is not None for r in rows if r["model"] == "tiny" and r["point"] != "int8")
+    (skipped,) = [r for r in rows if r["model"] == "minilm"]
+    assert skipped["note"] == "skipped: deadline (5 s left, a cell takes ≈ 10 s)"
