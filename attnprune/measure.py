@@ -151,7 +151,8 @@ def time_fn(fn: Callable[[], Any], repeats: int = 10, warmup: int = 2) -> Timing
 
 def time_interleaved(fns: Mapping[str, Callable[[], Any]], repeats: int = 10,
                      warmup: int = 2,
-                     clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
+                     clock: Callable[[], float] = time.perf_counter,
+                     cuda_events: bool = False) -> dict[str, Timing]:
     """Time several callables round-robin: ``warmup`` discarded calls of each, then ``repeats``
     rounds in which each is called once (the order rotates every round), so a burst of load
     from elsewhere or a drift of the clock hits all of them alike. Returns a :class:`Timing`
@@ -160,6 +161,9 @@ def time_interleaved(fns: Mapping[str, Callable[[], Any]], repeats: int = 10,
     machine leaves out the time spent waiting for a core (meaningful with one thread).
 
     On an accelerator (:func:`accelerator`) each call is bracketed by device synchronisation.
+    ``cuda_events``: on CUDA, time each call by two CUDA events recorded on the current stream
+    around it (the GPU's clock, from the call's first queued kernel to its last), read after
+    the synchronisation; without CUDA the clock is used, and ``Timing.device`` says which.
 
     Written here because timing libraries (``timeit``, ``torch.utils.benchmark``) time one
     statement at a time, which puts each candidate in a different stretch of a noisy machine.
@@ -173,21 +177,30 @@ def time_interleaved(fns: Mapping[str, Callable[[], Any]], repeats: int = 10,
     for name in names:
         for _ in range(warmup):
             fns[name]()
+    events = cuda_events and device == "cuda"
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
         for i in range(len(names)):
             name = names[(i + r) % len(names)]
             synchronize(device)
+            if events:
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fns[name]()
+                stop.record()
+                synchronize(device)
+                times[name].append(start.elapsed_time(stop) / 1e3)  # ms → s
+                continue
             t0 = clock()
             fns[name]()
             synchronize(device)
             times[name].append(clock() - t0)
+    label = _device_label(device) + (", CUDA events" if events else "")
     out = {}
     for name, t in times.items():
         med = statistics.median(t)
         mad = statistics.median(abs(v - med) for v in t)
-        out[name] = Timing(med, mad, repeats, warmup, torch.get_num_threads(), tuple(t),
-                           _device_label(device))
+        out[name] = Timing(med, mad, repeats, warmup, torch.get_num_threads(), tuple(t), label)
     return out
 
 

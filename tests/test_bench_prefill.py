@@ -145,3 +145,40 @@ print(" ".join(str(round(peak_memory(f) / 2**20, 1)) for _ in range(3)))
     assert all(35 < x < 50 for x in fixed), fixed
     default = run("default")
     assert min(default) < 20, default  # the failure it fixes: some call reads far too little
+
+
+# -- on a GPU (issue 30): device, dtype, timer, deadline; checked on the CPU -----------------------
+@pytest.mark.parametrize(("options", "field"), [
+    ({"device": "tpu"}, "device"), ({"dtype": "int4"}, "dtype"), ({"timer": "gpu"}, "timer"),
+    ({"device": "cuda", "int8": True}, "int8"), ({"deadline_s": -1.0}, "deadline_s")])
+def test_gpu_options_name_the_field(options, field):
+    with pytest.raises(ValueError, match=field):
+        BenchPrefillConfig(**options)
+
+
+def test_bf16_model_and_rows_say_their_timer():
+    cfg = BenchPrefillConfig(lengths=(24,), dtype="bf16", int8=False, flops=False,
+                             decode_tokens=1, timer="events", **TINY)
+    model = build_model(cfg)
+    assert next(model.parameters()).dtype == torch.bfloat16
+    rows = bench_length(model, cfg, 24, baselines(model, cfg))
+    assert all(r["timer"] == "cpu" and r["median_ms"] > 0 and r["decode_ms"] > 0 for r in rows)
+
+
+def test_the_deadline_skips_lengths_and_each_length_is_saved(monkeypatch):
+    """A clock that moves 10 s a reading, a 25 s deadline: the first length runs (and is
+    saved at once), the second is noted as skipped."""
+    from attnprune.bench import prefill as bp
+
+    ticks = iter(range(0, 1000, 10))
+    monkeypatch.setattr(bp, "_now", lambda: next(ticks))
+    saved = []
+    cfg = BenchPrefillConfig(lengths=(16, 24), int8=False, flops=False, memory=False,
+                             decode_tokens=0, deadline_s=25.0, **TINY)
+    summary = bp.run(cfg, progress=lambda s: None, save=saved.append)
+    first, second = summary["rows"][:-1], summary["rows"][-1]
+    assert {r["length"] for r in first} == {16} and all(r["median_ms"] > 0 for r in first)
+    assert second["length"] == 24 and second["median_ms"] is None
+    assert second["note"].startswith("skipped: deadline")
+    assert len(saved) == 1 and saved[0]["rows"] == first
+    assert "skipped: deadline" in bp.format_table(summary)

@@ -127,6 +127,37 @@ def test_timers_synchronise_an_accelerator(monkeypatch):
     assert env["device"] == "cuda" and env["gpu"] == "Mock GPU" and env["dtype"] == "bfloat16"
 
 
+def test_cuda_events_time_the_gpu_clock(monkeypatch):
+    """``cuda_events=True`` on CUDA reads the time between two events recorded around the call
+    (mock events: 7 ms apart on the "GPU", whatever the host clock says), and says so; without
+    CUDA it times by the clock."""
+    from attnprune import measure
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Mock GPU")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    recorded = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self, stream=None):
+            recorded.append(self)
+
+        def elapsed_time(self, end):
+            return 7.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    out = measure.time_interleaved({"a": lambda: None, "b": lambda: None}, repeats=3, warmup=1,
+                                   cuda_events=True)
+    assert all(t.median_s == 0.007 for t in out.values()) and len(recorded) == 12
+    assert out["a"].device == "cuda (Mock GPU), CUDA events"
+    plain = measure.time_interleaved({"a": lambda: None}, repeats=2, warmup=0)
+    assert plain["a"].median_s < 0.007 and plain["a"].device == "cuda (Mock GPU)"
+
+
 def test_cpu_timing_records_the_cpu():
     from attnprune import measure
 

