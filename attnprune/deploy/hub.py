@@ -113,7 +113,7 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike, tokenizer=None) -
         raise ValueError(f"model: {quantized[0]} is int8-quantized; save the fp32 model and "
                          f"quantize after loading (attnprune.quantize_int8)")
     path = Path(path)
-    _check_target(path)
+    check_target(path)
     states = _states(model)
     stock = _stock_class(model)
     patches, tensors, owned = [], {}, []
@@ -184,8 +184,9 @@ def _compacted_ffns(model: nn.Module) -> dict | None:
     return {"original_units": int(full), "sizes": {k: int(v) for k, v in sizes.items()}}
 
 
-def _check_target(path: Path) -> None:
-    """Refuse to replace a folder that is not a saved model (e.g. a results folder)."""
+def check_target(path: Path) -> None:
+    """Refuse to replace a folder that is not a saved model (e.g. a results folder): a
+    ValueError naming ``path``, raised before anything is written."""
     if path.exists() and not path.is_dir():
         raise ValueError(f"path: {path} exists and is not a folder")
     if path.is_dir() and any(path.iterdir()):
@@ -393,7 +394,7 @@ def _save_sentence_transformer(model: nn.Module, path: Path, tokenizer) -> Path:
         raise ValueError(f"model: its first module must be a sentence-transformers Transformer "
                          f"with a Hugging Face model (auto_model), got "
                          f"{type(children[0]).__name__ if children else 'none'}")
-    _check_target(path)
+    check_target(path)
     patched = api.patch_state(model) is not None
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     enc_tmp = path.parent / f".{path.name}.encoder-{os.getpid()}"
@@ -472,8 +473,9 @@ def _load_sentence_transformer(folder: Path, **st_kwargs) -> nn.Module:
         if key in st_kwargs:
             raise ValueError(f"{key}: set by attnprune.from_pretrained (a local folder whose "
                              f"classes it has checked)")
-    return SentenceTransformer(str(folder), trust_remote_code=True, local_files_only=True,
-                               **st_kwargs)
+    model = SentenceTransformer(str(folder), trust_remote_code=True, local_files_only=True,
+                                **st_kwargs)
+    return model.eval()
 
 
 def read_recipe(folder: str | os.PathLike) -> dict:
