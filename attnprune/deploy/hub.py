@@ -391,7 +391,7 @@ def _save_sentence_transformer(model: nn.Module, path: Path, tokenizer) -> Path:
     children = list(model.children())
     encoder = getattr(children[0], "auto_model", None) if children else None
     if not isinstance(encoder, nn.Module):
-        raise ValueError(f"model: its first module must be a sentence-transformers Transformer "
+        raise ValueError(f"model: its first module must be a sentence-transformers Transformer "  # noqa: TRY004 (the API's errors are ValueErrors)
                          f"with a Hugging Face model (auto_model), got "
                          f"{type(children[0]).__name__ if children else 'none'}")
     check_target(path)

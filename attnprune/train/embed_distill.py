@@ -71,8 +71,7 @@ def _vocab(model) -> dict:
 
 def _dimension(model) -> int | None:
     # renamed in sentence-transformers 6 (get_sentence_embedding_dimension warns there)
-    get = getattr(model, "get_embedding_dimension", None) or getattr(
-        model, "get_sentence_embedding_dimension")
+    get = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
     return get()
 
 
