@@ -138,6 +138,12 @@ class _Length:
             m.max_seq_length = v
 
 
+def _features(model, texts: list[str], device) -> dict:
+    # preprocess: sentence-transformers 6's name for tokenize (which warns there)
+    prep = getattr(model, "preprocess", None) or model.tokenize
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in prep(texts).items()}
+
+
 def _embed(model, texts: list[str], batch_size: int, device) -> torch.Tensor:
     """(N, d) float32 sentence embeddings, eval mode, no gradients, in the texts' order."""
     out = []
@@ -146,8 +152,7 @@ def _embed(model, texts: list[str], batch_size: int, device) -> torch.Tensor:
     try:
         with torch.no_grad():
             for i in range(0, len(texts), batch_size):
-                feats = {k: v.to(device) if isinstance(v, torch.Tensor) else v
-                         for k, v in model.tokenize(texts[i:i + batch_size]).items()}
+                feats = _features(model, texts[i:i + batch_size], device)
                 out.append(model(feats)["sentence_embedding"].float().cpu())
     finally:
         model.train(was)
@@ -251,8 +256,7 @@ def distill_embeddings(
                     idx = perm[step * batch_size:(step + 1) * batch_size]
                     if contrastive_weight > 0 and len(idx) < 2:
                         continue  # a last batch of one text has no negatives
-                    feats = {k: v.to(device) if isinstance(v, torch.Tensor) else v
-                             for k, v in student.tokenize([texts[i] for i in idx]).items()}
+                    feats = _features(student, [texts[i] for i in idx], device)
                     emb = student(feats)["sentence_embedding"]
                     total, logs = _batch_loss(emb, target[idx], loss, contrastive_weight,
                                               temperature)
