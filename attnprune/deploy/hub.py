@@ -30,6 +30,16 @@ it; stock models are still written as format 1 and version-1 files still load.
 
 ``from_pretrained`` checks the rebuilt schedule against the recorded one, so a change of how a
 newer attnprune reads the same options is an error, not silently different outputs.
+
+A patched sentence-transformers ``SentenceTransformer`` is saved as a sentence-transformers
+folder (``modules.json``, ``1_Pooling/``, ...) whose Transformer module folder is the folder
+above (the base encoder, ``attnprune.json``, ``attnprune.safetensors``) and whose
+``modules.json`` names that module ``attnprune.deploy.st_module.PrunedTransformer``: when
+sentence-transformers loads it, it re-applies the recipe to the whole model (encoder and
+pooling). sentence-transformers imports a module class outside its own package only with
+``trust_remote_code=True``, so a plain ``SentenceTransformer(folder)`` stops with its error
+instead of loading the distilled weights unpruned; ``attnprune.from_pretrained(folder)`` and
+``SentenceTransformer(folder, trust_remote_code=True)`` (attnprune installed) load it pruned.
 """
 
 from __future__ import annotations
@@ -43,14 +53,19 @@ import torch
 from torch import nn
 
 from attnprune import api
+from attnprune.deploy.sentence_transformers import is_sentence_transformers_model
 from attnprune.hosts.compat import attn_implementation
 from attnprune.methods import registry
 
-__all__ = ["FORMAT_VERSION", "RECIPE", "WEIGHTS", "from_pretrained", "save_pretrained"]
+__all__ = ["FORMAT_VERSION", "RECIPE", "ST_MODULE", "WEIGHTS", "from_pretrained",
+           "save_pretrained"]
 
 RECIPE = "attnprune.json"
 WEIGHTS = "attnprune.safetensors"
 FORMAT = "attnprune"
+# modules.json's type for the Transformer module of a saved pruned SentenceTransformer
+ST_MODULE = "attnprune.deploy.st_module.PrunedTransformer"
+_ST_STOCK = "sentence_transformers.models.Transformer"
 FORMAT_VERSION = 2  # bump when attnprune.json changes incompatibly; readers refuse newer ones
 # 2: ``ffn_compact`` (compacted FFNs); a file without it is written as 1, readable by older ones
 
@@ -87,6 +102,8 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike, tokenizer=None) -
     from safetensors.torch import save_file
     from transformers import PreTrainedModel
 
+    if is_sentence_transformers_model(model):
+        return _save_sentence_transformer(model, Path(path), tokenizer)
     if not isinstance(model, PreTrainedModel):
         raise ValueError(f"model: save_pretrained needs a Hugging Face PreTrainedModel, got "  # noqa: TRY004 (the API's errors are ValueErrors)
                          f"{type(model).__name__}")
@@ -96,7 +113,7 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike, tokenizer=None) -
         raise ValueError(f"model: {quantized[0]} is int8-quantized; save the fp32 model and "
                          f"quantize after loading (attnprune.quantize_int8)")
     path = Path(path)
-    _check_target(path)
+    check_target(path)
     states = _states(model)
     stock = _stock_class(model)
     patches, tensors, owned = [], {}, []
@@ -167,12 +184,13 @@ def _compacted_ffns(model: nn.Module) -> dict | None:
     return {"original_units": int(full), "sizes": {k: int(v) for k, v in sizes.items()}}
 
 
-def _check_target(path: Path) -> None:
-    """Refuse to replace a folder that is not a saved model (e.g. a results folder)."""
+def check_target(path: Path) -> None:
+    """Refuse to replace a folder that is not a saved model (e.g. a results folder): a
+    ValueError naming ``path``, raised before anything is written."""
     if path.exists() and not path.is_dir():
         raise ValueError(f"path: {path} exists and is not a folder")
     if path.is_dir() and any(path.iterdir()):
-        marks = (RECIPE, "config.json", "model.safetensors")
+        marks = (RECIPE, "config.json", "model.safetensors", "modules.json")
         if not any((path / m).exists() for m in marks):
             raise ValueError(f"path: {path} is a non-empty folder that holds no saved model "
                              f"({', '.join(marks)}); refusing to replace it")
@@ -264,13 +282,15 @@ def from_pretrained(path: str | os.PathLike, **hf_kwargs) -> nn.Module:
     tensors restored; same outputs as the saved model. In eval mode, like transformers'.
 
     ``hf_kwargs`` go to transformers' ``from_pretrained`` (``device_map``, ``dtype``, ...).
+    A folder of a saved SentenceTransformer gives the SentenceTransformer, patched again;
+    ``hf_kwargs`` then go to ``SentenceTransformer`` (``device``, ``model_kwargs``, ...).
     Errors (ValueError): ``path`` not a folder; no ``attnprune.json`` (a plain HF folder: load
     it with transformers); a newer format; an unknown method; tensors or a schedule that the
     rebuilt patch does not match (typically another attnprune version).
     """
-    from safetensors.torch import load_file
-
     folder = Path(path)
+    if _saved_sentence_transformer(folder):
+        return _load_sentence_transformer(folder, **hf_kwargs)
     recipe = read_recipe(folder)
     cls = _model_class(recipe)
     kwargs = {"local_files_only": True, **hf_kwargs}
@@ -280,9 +300,19 @@ def from_pretrained(path: str | os.PathLike, **hf_kwargs) -> nn.Module:
         model = _load_compacted(cls, folder, recipe["ffn_compact"], kwargs)
     else:
         model = cls.from_pretrained(str(folder), **kwargs)
-    patches = recipe["patches"]
-    if not patches:
+    if not recipe["patches"]:
         return model
+    apply_recipe(model, recipe, folder)
+    return model.eval()
+
+
+def apply_recipe(model: nn.Module, recipe: dict, folder: Path) -> None:
+    """Patch ``model`` (the loaded base model, or the SentenceTransformer around it) with the
+    recipe's method(s) and options, restore the methods' tensors from ``folder`` and check
+    the rebuilt schedule against the saved one; the methods are left in eval mode."""
+    from safetensors.torch import load_file
+
+    patches = recipe["patches"]
     tensors = load_file(str(folder / WEIGHTS)) if (folder / WEIGHTS).is_file() else {}
     where = _origin(recipe)
     for i, p in enumerate(patches):
@@ -303,10 +333,10 @@ def from_pretrained(path: str | os.PathLike, **hf_kwargs) -> nn.Module:
         if rebuilt != p["schedule"]:
             raise ValueError(f"{folder / RECIPE}: {p['method']!r} rebuilt with schedule {rebuilt}, "
                              f"saved with {p['schedule']}{where}")
-    # eval mode for the methods too, as transformers returns the model: the encoder and
-    # attention hosts leave a new method module in training mode (crisp would update its
-    # entropy EMA, LTP calibrate its thresholds, on the first forward)
-    return model.eval()
+        # eval mode for the methods too, as transformers returns the model: the encoder and
+        # attention hosts leave a new method module in training mode (crisp would update its
+        # entropy EMA, LTP calibrate its thresholds, on the first forward)
+        s.modules.eval()
 
 
 def _load_compacted(cls, folder: Path, record: dict, kwargs: dict) -> nn.Module:
@@ -347,6 +377,104 @@ def _load_compacted(cls, folder: Path, record: dict, kwargs: dict) -> nn.Module:
     dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
     if dtype is not None and dtype != "auto":
         model = model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+    return model.eval()
+
+
+# ----------------------------------------------------------------------------- sentence-transformers
+def _save_sentence_transformer(model: nn.Module, path: Path, tokenizer) -> Path:
+    """A (patched) SentenceTransformer as a sentence-transformers folder whose Transformer
+    module folder holds the base encoder and the recipe, and whose ``modules.json`` names
+    :data:`ST_MODULE` for it (the class that re-applies the recipe on load)."""
+    if tokenizer is not None:
+        raise ValueError("tokenizer: a SentenceTransformer saves its own tokenizer; leave "
+                         "tokenizer out")
+    children = list(model.children())
+    encoder = getattr(children[0], "auto_model", None) if children else None
+    if not isinstance(encoder, nn.Module):
+        raise ValueError(f"model: its first module must be a sentence-transformers Transformer "  # noqa: TRY004 (the API's errors are ValueErrors)
+                         f"with a Hugging Face model (auto_model), got "
+                         f"{type(children[0]).__name__ if children else 'none'}")
+    check_target(path)
+    patched = api.patch_state(model) is not None
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    enc_tmp = path.parent / f".{path.name}.encoder-{os.getpid()}"
+    for t in (tmp, enc_tmp):
+        if t.exists():
+            shutil.rmtree(t)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        # the class's save, not the instance's (a patched model's instance save refuses)
+        type(model).save(model, str(tmp))
+        modules = json.loads((tmp / "modules.json").read_text())
+        entry = next(m for m in modules if int(m["idx"]) == 0)
+        sub = tmp / entry["path"]
+        if patched:
+            # the encoder as save_pretrained writes a patched HF model: the stock weights
+            # (without the method's submodules) plus attnprune.json / attnprune.safetensors
+            save_pretrained(encoder, enc_tmp)
+            for f in [*sub.glob("model*.safetensors"), *sub.glob("model*.safetensors.index.json")]:
+                f.unlink()
+            for f in enc_tmp.iterdir():
+                shutil.move(str(f), str(sub / f.name))
+            entry["type"] = ST_MODULE
+        elif entry["type"] == ST_MODULE:  # loaded pruned, unpatched since: a stock folder
+            entry["type"] = _ST_STOCK
+            for name in (RECIPE, WEIGHTS):
+                (sub / name).unlink(missing_ok=True)
+        (tmp / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
+        _replace_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(enc_tmp, ignore_errors=True)
+    return path
+
+
+def _saved_sentence_transformer(folder: Path) -> bool:
+    """Whether ``folder`` is a SentenceTransformer saved pruned (modules.json names ours)."""
+    file = folder / "modules.json"
+    if not file.is_file():
+        return False
+    try:
+        modules = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file}: not valid JSON ({e})") from None
+    return isinstance(modules, list) and any(
+        isinstance(m, dict) and m.get("type") == ST_MODULE for m in modules)
+
+
+def _load_sentence_transformer(folder: Path, **st_kwargs) -> nn.Module:
+    """The saved pruned SentenceTransformer in ``folder``, patched again (by
+    :class:`attnprune.deploy.st_module.PrunedTransformer` when sentence-transformers builds
+    it). sentence-transformers imports a module class outside its package only with
+    ``trust_remote_code=True``; it is given after checking that the folder names no class
+    but sentence-transformers' own and ours, holds no Python file that class name could
+    resolve to, and that its HF configs point to no custom code, so nothing from the folder
+    runs."""
+    from sentence_transformers import SentenceTransformer
+
+    modules = json.loads((folder / "modules.json").read_text())
+    for m in modules:
+        ref = m.get("type", "")
+        if ref != ST_MODULE and not ref.startswith("sentence_transformers."):
+            raise ValueError(f"{folder / 'modules.json'}: module {m.get('name')!r} is "
+                             f"{ref!r}, neither sentence-transformers' nor attnprune's; load "
+                             f"this folder with sentence-transformers itself")
+        sub = folder / m.get("path", "")
+        cfg = sub / "config.json"
+        if cfg.is_file() and "auto_map" in json.loads(cfg.read_text()):
+            raise ValueError(f"{cfg}: auto_map names custom model code; attnprune loads "
+                             f"only stock transformers classes")
+    if any(folder.glob("*.py")):
+        raise ValueError(f"path: {folder} holds Python files; a folder written by "
+                         f"attnprune.save_pretrained holds none")
+    for key in ("trust_remote_code", "local_files_only"):
+        if key in st_kwargs:
+            raise ValueError(f"{key}: set by attnprune.from_pretrained (a local folder whose "
+                             f"classes it has checked)")
+    model = SentenceTransformer(str(folder), trust_remote_code=True, local_files_only=True,
+                                **st_kwargs)
     return model.eval()
 
 

@@ -34,6 +34,11 @@ decoder encoders (``st[0].auto_model`` not served by the ``hf_encoder`` host) an
 ``stack=True`` (refused by :func:`attnprune.patch`). Attention-level methods (kind "attention") drop no token: they patch the
 inner model and leave the pooling as it is.
 
+Saving: sentence-transformers' own ``save`` / ``save_pretrained`` would write the stock
+encoder and no recipe (the folder would load unpruned, silently another model), so on a
+patched instance they raise and point to ``attnprune.save_pretrained(st, folder)``, which
+writes a sentence-transformers folder that loads pruned (:mod:`attnprune.deploy.hub`).
+
 ``attnprune.unpatch(st)`` restores every module; ``attnprune.patch_state(st)`` is a
 :class:`SentenceTransformerState`, which reads and sets the encoder's state (``enabled``,
 ``stats``, ``kept_mask``, ...).
@@ -136,8 +141,9 @@ class SentenceTransformerState(PatchState):
         for pool in self.poolings:
             if _is_ours(pool.__dict__.get("forward"), self):
                 del pool.forward
-        if _is_ours(model.__dict__.get("encode"), self):
-            del model.encode
+        for name in ("encode", "save", "save_pretrained"):
+            if _is_ours(model.__dict__.get(name), self):
+                delattr(model, name)
         encoder = self.transformer.auto_model
         if getattr(encoder, MODEL_STATE_ATTR, None) is self.inner:
             self.inner.unpatch(encoder)
@@ -192,6 +198,16 @@ def _encode(state: SentenceTransformerState, original, *args, **kwargs):
             f"embeddings only; its dropped tokens hold the states of the layer that dropped "
             f"them, not the last layer's. For token embeddings {_PER_TOKEN_HELP}")
     return original(*args, **kwargs)
+
+
+def _refuse_save(state: SentenceTransformerState, name: str, *args, **kwargs):
+    """``SentenceTransformer.save`` / ``save_pretrained``, patched: refused (they would write
+    the stock encoder without the recipe, a folder that loads unpruned)."""
+    raise ValueError(
+        f"{name}: sentence-transformers' {name} writes the encoder without attnprune's patch, a "
+        f"folder that would load unpruned; save with attnprune.save_pretrained(model, folder) "
+        f"(loads back with attnprune.from_pretrained(folder), or "
+        f"SentenceTransformer(folder, trust_remote_code=True) with attnprune installed)")
 
 
 def _modules(model: nn.Module, kind: str) -> tuple[nn.Module, list[nn.Module]]:
@@ -268,4 +284,6 @@ def patch_sentence_transformer(model: nn.Module, spec, **options) -> SentenceTra
         pooling.forward = partial(_pooling_forward, state, pooling.forward)
     if poolings:
         model.encode = partial(_encode, state, model.encode)
+    for name in ("save", "save_pretrained"):
+        setattr(model, name, partial(_refuse_save, state, name))
     return state
