@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import pickle
 import threading
 
@@ -129,3 +130,24 @@ def test_threads_calling_one_model_read_their_own_losses_and_stats(method):
             torch.testing.assert_close(loss, alone[i][3])
         else:  # DTR samples its actions: the same number of losses and actions as alone
             assert len(rows) == len(alone[i][2]) and torch.isfinite(aux)
+
+
+def test_bare_inner_model_saves_under_its_stock_name_and_reloads(tmp_path):
+    # save_pretrained writes type(model).__name__: with the class kept, the stock name
+    model = tiny_gpt2().transformer
+    attnprune.patch(model, "ltp", keep_ratio=0.5)
+    with torch.no_grad():
+        lt = model.attnprune_method
+        lt.w.copy_(torch.randn(lt.w.shape, generator=torch.Generator().manual_seed(2)) * 2.0)
+        lt.b.zero_()
+    x = _ids()
+    with torch.no_grad():
+        ref = model(x).last_hidden_state
+    attnprune.save_pretrained(model, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["architectures"] == ["GPT2Model"]
+    loaded = attnprune.from_pretrained(tmp_path / "m")
+    assert type(loaded).__name__ == "GPT2Model"
+    assert min(attnprune.patch_state(model).stats["kept_per_layer"]) < 1.0  # it prunes
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x).last_hidden_state, ref)
