@@ -1,8 +1,8 @@
 """A patched model pickles: ``torch.save`` / ``torch.load(weights_only=False)`` and
 ``pickle`` give back a model with the same outputs, still patched, with its own patch state.
 
-Every family of the causal rotary host (``hf_llama``: its pruned class is generated, so
-pickle must not look it up by name) and of the attention host (ALBERT's depth rule in the
+Every family of the causal rotary host (``hf_llama``: the stock class, whose forward is a
+partial over the patch state) and of the attention host (ALBERT's depth rule in the
 family table, MPNet's and DeBERTa's score adapters on the attention modules)."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_causal_rotary_patch_round_trips(family, method, how):
     force_pruning(model)
     ref = _causal_out(model)
     loaded = ROUND_TRIPS[how](model)
-    assert type(loaded.base_model) is type(model.base_model)  # the same generated class
+    assert type(loaded.base_model) is type(model.base_model)  # the stock class
     state = attnprune.patch_state(loaded)
     assert state is not None and state is not attnprune.patch_state(model)
     assert torch.equal(_causal_out(loaded), ref)

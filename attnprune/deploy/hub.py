@@ -146,7 +146,6 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike, tokenizer=None) -
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         model.save_pretrained(tmp, state_dict=base)
-        _fix_architectures(tmp, stock)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if tensors:
@@ -238,7 +237,7 @@ def _schedule(state):
 
 
 def _stock_class(model: nn.Module) -> type:
-    """The model's transformers class (the causal host may have swapped in a subclass)."""
+    """The model's transformers class (a user's subclass: the transformers class it extends)."""
     for cls in type(model).__mro__:
         if cls.__module__.startswith("transformers."):
             return cls
@@ -263,16 +262,6 @@ def _base_attn_implementation(model: nn.Module, states: list) -> str | None:
         if hasattr(s, "previous") and hasattr(s, "impl"):
             return s.previous
     return attn_implementation(model.config)
-
-
-def _fix_architectures(folder: Path, stock: type) -> None:
-    """HF writes ``type(model).__name__``; after the causal host's class swap of a bare
-    ``GPT2Model`` that is ``PrunedGPT2Model``: write the stock name."""
-    cfg_file = folder / "config.json"
-    cfg = json.loads(cfg_file.read_text())
-    if cfg.get("architectures") != [stock.__name__]:
-        cfg["architectures"] = [stock.__name__]
-        cfg_file.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 # ----------------------------------------------------------------------------- load

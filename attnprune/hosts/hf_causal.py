@@ -1,8 +1,16 @@
 """Causal token pruning for the Hugging Face GPT-2 family that really skips work.
 
-``attnprune.patch(gpt2_lm, "ltp" | "ltp_causal" | "dtr" | "hybrid", **options)`` swaps the
-class of the model's ``GPT2Model`` for a subclass that overrides only ``forward`` (the block
-loop); blocks, attention, ``ln_f`` and the LM head are the stock HF modules.
+``attnprune.patch(gpt2_lm, "ltp" | "ltp_causal" | "dtr" | "hybrid", **options)`` replaces the
+``forward`` of the model's ``GPT2Model`` (the block loop) by :func:`gpt2_forward`, a partial over
+the patch state (:func:`attnprune.hosts.replace_forward`, as every host patches): the class stays
+``GPT2Model``; blocks, attention, ``ln_f`` and the LM head are the stock HF modules. Pickle,
+``torch.save`` and deep copies carry the partial (a module-level function, found by name) and
+their own state; ``unpatch`` lets the stock forward show through again.
+
+Per call: what one forward computes and leaves (losses, the policy's actions, statistics) goes
+to a :class:`CausalCall` begun at the inner model's entry and ended at its exit
+(:class:`attnprune.hosts.Calls`, per thread); ``state.aux_losses`` / ``stats`` / ``actions`` read
+the calling thread's last call, so threads sharing one patched model never mix them.
 
 Notation: B batch, L input length, K tokens still alive (≤ L), d width, l block index
 (0-based), a_j ∈ [0, 1] the soft "alive" weight of token j in training, ρ keep ratio.
@@ -44,11 +52,11 @@ longer attended to". REINFORCE rewards need the per-position LM losses, so a for
 LM-head model turns the actions' log-probabilities into the policy loss when ``labels`` are
 given (it lands in ``attnprune.aux_loss(model)``).
 
-The block loop lives in :class:`CausalBlockLoop` and the option checks in :func:`patch_causal`,
-so that the rotary decoder families (:mod:`attnprune.hosts.hf_llama`) share them: a family
-only says where its blocks are, how one block is called on the compact tokens (GPT-2 ignores
-the original positions; rotary models gather their (cos, sin) with them) and how its forward
-embeds the input.
+The block loop (:func:`block_loop`) and the option checks (:func:`patch_causal`) are shared
+with the rotary decoder families (:mod:`attnprune.hosts.hf_llama`): a family's forward embeds
+the input, hands the loop its blocks and its block call on the compact tokens (GPT-2 ignores
+the original positions; rotary models gather their (cos, sin) with them), and applies its
+final norm.
 
 Written by hand: no library prunes tokens inside HF causal models, nor buckets the rows of a
 batch whose lengths change between its blocks.
@@ -56,9 +64,8 @@ batch whose lengths change between its blocks.
 
 from __future__ import annotations
 
-import copyreg
 import inspect
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 
@@ -70,17 +77,22 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
 from attnprune.hosts import (
+    CallData,
+    Calls,
     PatchState,
+    bracket_calls,
     check_attn_implementation,
     refuse_output_flags,
     register_host,
     remove_state_hooks,
+    replace_forward,
+    restore_forward,
 )
 from attnprune.hosts.compat import children_dict
 from attnprune.methods import registry
 from attnprune.selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
 
-__all__ = ["CausalPatchState", "PrunedGPT2Model", "causal_methods"]
+__all__ = ["CausalCall", "CausalPatchState", "block_loop", "causal_methods", "gpt2_forward"]
 
 _ALIASES = {"ltp": "ltp_causal"}  # the encoder LTP owns the name "ltp"; here it means ltp_causal
 _KEYS_ATTR = "_attnprune_keys"  # per-block 2D key-validity masks stored on a KV cache
@@ -107,10 +119,28 @@ def causal_methods() -> list[str]:
     return [n for n in registry.list_methods("token") if getattr(registry.get(n).cls, "causal", False)]
 
 
+class CausalCall(CallData):
+    """What one forward of a patched causal model leaves for its caller: ``aux_losses``,
+    ``stats`` and the policy's ``actions`` (DTR: per-token actions and log-probabilities with
+    their original positions), which the LM-head hook turns into the REINFORCE loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.actions: list[dict] = []
+
+
 @dataclass
 class _Pass:
-    """What one forward's block loop reads at every level of row bucketing."""
+    """What one forward's block loop reads at every level of row bucketing. Built by the
+    forward and passed down (row groups get a copy with their rows): it never outlives the
+    call, and what the call leaves goes to ``data``, the call's own :class:`CausalCall`."""
 
+    blocks: nn.ModuleList
+    # the family's block call on the compact tokens: (run, l, block, h, index (b, K), mask)
+    call_block: Callable[..., Tensor]
+    overhead: float  # row bucketing's cost of one more group, in token slots (row_groups)
+    config: object
+    training: bool
     method: nn.Module
     layers: set[int]
     keep_ratio: float | None
@@ -120,8 +150,7 @@ class _Pass:
     block_kwargs: dict
     bucket: bool
     kept: list[float]  # real tokens processed by each block, summed over groups
-    aux_losses: list[Tensor]
-    actions: list[dict]
+    data: CausalCall
     # Per-row tensors (B, L, ...) a family's block call reads at original positions (rotary
     # models: position ids, cos, sin); row groups take their rows, blocks gather their tokens.
     rows: dict = field(default_factory=dict)
@@ -134,263 +163,228 @@ def _gpt2(model: nn.Module) -> GPT2Model | None:
     return inner if isinstance(inner, GPT2Model) else None
 
 
-def _rebuild(stock: type, pruned: type) -> nn.Module:
-    """Unpickling a patched model: an empty instance of ``pruned_class(stock, pruned)``,
-    generated again in this process; pickle then fills in its state as for any module."""
-    cls = pruned_class(stock, pruned)
-    return cls.__new__(cls)
+# ----------------------------------------------------------------------------- the block loop
+# Shared by every causal family (GPT-2 here, the rotary decoders of hf_llama): a family's
+# forward embeds the chunk, calls :func:`positions` and :func:`block_loop` with its blocks and
+# its block call (GPT-2 ignores the original positions; rotary models gather their (cos, sin)
+# with them), then applies its final norm.
+def positions(config, embeds: Tensor, cache, use_cache, position_ids):
+    """(cache, position_ids (1 or B, L)): a new cache if one is asked for and none given;
+    default positions continue block 0's cache, whose length is the position because block 0
+    never prunes (later blocks cache fewer keys)."""
+    if use_cache and cache is None:
+        cache = DynamicCache(config=config)
+    if position_ids is None:
+        past = cache.get_seq_length() if cache is not None else 0
+        position_ids = torch.arange(past, past + embeds.shape[1], device=embeds.device)[None]
+    return cache, position_ids
 
 
-def _by_name(cls: type) -> bool:
-    """Pickle finds ``cls`` by its module and qualified name."""
-    obj = sys.modules.get(cls.__module__)
-    for part in cls.__qualname__.split("."):
-        obj = getattr(obj, part, None)
-    return obj is cls
+def block_loop(state: CausalPatchState, inner: nn.Module, h: Tensor, attention_mask,
+               past_key_values, use_cache, block_kwargs: dict, rows: dict,
+               blocks: nn.ModuleList, call_block: Callable[..., Tensor], overhead: float) -> Tensor:
+    """Every block on ``h`` (B, L, d) with pruning; returns the final states (B, L, d)
+    (dropped tokens hold their last state); the running call's data gets the statistics,
+    losses and actions."""
+    data: CausalCall = state.calls.current()
+    B, L, _ = h.shape
+    past = past_key_values.get_seq_length() if past_key_values is not None else 0
+    # 2D mask of real tokens in this chunk; past keys' validity lives on the cache.
+    if attention_mask is not None and attention_mask.ndim != 2:
+        raise ValueError("attention_mask: the causal pruning host takes a 2D (B, L) mask")
+    real = torch.ones(B, L, dtype=torch.bool, device=h.device)
+    if attention_mask is not None:
+        real = attention_mask[:, -L:].bool()
+    key_masks = _key_masks(len(blocks), past_key_values, attention_mask, B, past)
+
+    n_real = real.sum().clamp_min(1)
+    # Row bucketing only where nothing else sees the padded batch: no cache whose per-block
+    # key masks and lengths are per batch, no relaxed training masks or batch-level losses.
+    bucket = state.bucket_rows and not inner.training and not use_cache and past_key_values is None
+    run = _Pass(blocks=blocks, call_block=call_block, overhead=overhead, config=inner.config,
+                training=inner.training, method=state.method_module,
+                layers=set(state.layers) if state.enabled else set(),
+                keep_ratio=state.keep_ratio, L=L, cache=past_key_values, use_cache=use_cache,
+                block_kwargs=block_kwargs, bucket=bucket, kept=[0.0] * len(blocks), data=data,
+                rows=rows)
+    index = torch.arange(L, device=h.device).expand(B, L)  # compact → original position
+    full, key_masks = _blocks(run, 0, h, h, index, real, key_masks, alive=None,
+                              covered=bool(real.all()))
+    if past_key_values is not None and key_masks is not None:
+        setattr(past_key_values, _KEYS_ATTR, key_masks)
+    data.stats = {"kept_per_layer": [float(k) / float(n_real) for k in run.kept],
+                  "n_tokens": int(n_real)}
+    return full
 
 
-class CausalBlockLoop:
-    """The pruning block loop, shared by every causal family (GPT-2 here, the rotary decoders
-    of :mod:`attnprune.hosts.hf_llama`). A host class mixes it in before the HF model class
-    and provides ``_attnprune_blocks()`` (the ModuleList of blocks) and
-    ``_attnprune_call(run, l, block, h, index, mask)`` (one block on the compact tokens,
-    ``index`` (b, K) their positions in the chunk), then calls :meth:`_attnprune_loop` from
-    its ``forward`` with the embedded chunk.
+def _blocks(run: _Pass, start: int, h: Tensor, full: Tensor, index: Tensor, cmask: Tensor,
+            key_masks, alive: Tensor | None, decide_from: int = 0, covered: bool = False):
+    """Blocks ``start``, ``start + 1``, … on b rows; returns (full, key_masks).
+
+    ``h`` (b, K, d) alive tokens in compact order, ``index`` (b, K) their positions, ``cmask``
+    (b, K) alive real slots, ``full`` (b, L, d) the rows' states so far (dropped tokens' last
+    states). Decision layers before ``decide_from`` are skipped: a group of rows starts at
+    the block whose decision its parent already took. The returned ``full`` holds every
+    token's final state. ``covered``: every position of ``full`` is a real slot of ``h``
+    (so the write-back need not copy ``full`` first).
     """
-
-    def __reduce_ex__(self, protocol):
-        # A patched class generated by ``pruned_class`` (PrunedLlamaModel, a user's subclass of
-        # GPT2Model, …) cannot be found by name: pickle, ``torch.save`` and deep copies store
-        # the stock class and the host class instead, and :func:`_rebuild` generates the same
-        # (cached) subclass again when loading.
-        rv = super().__reduce_ex__(protocol)
-        cls = type(self)
-        if (isinstance(rv, tuple) and rv[0] is copyreg.__newobj__ and rv[1] == (cls,)
-                and not _by_name(cls)):
-            hosts = [b for b in cls.__bases__ if issubclass(b, CausalBlockLoop)]
-            stock = [b for b in cls.__bases__ if not issubclass(b, CausalBlockLoop)]
-            if len(hosts) == 1 and len(stock) == 1:
-                return (_rebuild, (stock[0], hosts[0]), *rv[2:])
-        return rv
-
-    def _attnprune_positions(self, embeds: Tensor, cache, use_cache, position_ids):
-        """(cache, position_ids (1 or B, L)): a new cache if one is asked for and none given;
-        default positions continue block 0's cache, whose length is the position because
-        block 0 never prunes (later blocks cache fewer keys)."""
-        if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
-        if position_ids is None:
-            past = cache.get_seq_length() if cache is not None else 0
-            position_ids = torch.arange(past, past + embeds.shape[1], device=embeds.device)[None]
-        return cache, position_ids
-
-    def _attnprune_loop(self, h: Tensor, attention_mask, past_key_values, use_cache,
-                        block_kwargs: dict, rows: dict) -> Tensor:
-        """Every block on ``h`` (B, L, d) with pruning; returns the final states (B, L, d)
-        (dropped tokens hold their last state); fills the patch state's stats and losses."""
-        state: CausalPatchState = self._attnprune_state
-        B, L, _ = h.shape
-        blocks = self._attnprune_blocks()
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        # 2D mask of real tokens in this chunk; past keys' validity lives on the cache.
-        if attention_mask is not None and attention_mask.ndim != 2:
-            raise ValueError("attention_mask: the causal pruning host takes a 2D (B, L) mask")
-        real = torch.ones(B, L, dtype=torch.bool, device=h.device)
-        if attention_mask is not None:
-            real = attention_mask[:, -L:].bool()
-        key_masks = self._key_masks(past_key_values, attention_mask, B, past)
-
-        state.aux_losses.clear()
-        state.actions.clear()
-        n_real = real.sum().clamp_min(1)
-        # Row bucketing only where nothing else sees the padded batch: no cache whose per-block
-        # key masks and lengths are per batch, no relaxed training masks or batch-level losses.
-        bucket = state.bucket_rows and not self.training and not use_cache and past_key_values is None
-        run = _Pass(method=state.method_module, layers=set(state.layers) if state.enabled else set(),
-                    keep_ratio=state.keep_ratio, L=L, cache=past_key_values, use_cache=use_cache,
-                    block_kwargs=block_kwargs, bucket=bucket, kept=[0.0] * len(blocks),
-                    aux_losses=state.aux_losses, actions=state.actions, rows=rows)
-        index = torch.arange(L, device=h.device).expand(B, L)  # compact → original position
-        full, key_masks = self._blocks(run, 0, h, h, index, real, key_masks, alive=None,
-                                       covered=bool(real.all()))
-        if past_key_values is not None and key_masks is not None:
-            setattr(past_key_values, _KEYS_ATTR, key_masks)
-        state.stats = {"kept_per_layer": [float(k) / float(n_real) for k in run.kept],
-                       "n_tokens": int(n_real)}
-        return full
-
-    # -- the block loop -------------------------------------------------------------------
-    def _blocks(self, run: _Pass, start: int, h: Tensor, full: Tensor, index: Tensor,
-                cmask: Tensor, key_masks, alive: Tensor | None, decide_from: int = 0,
-                covered: bool = False):
-        """Blocks ``start``, ``start + 1``, … on b rows; returns (full, key_masks).
-
-        ``h`` (b, K, d) alive tokens in compact order, ``index`` (b, K) their positions, ``cmask``
-        (b, K) alive real slots, ``full`` (b, L, d) the rows' states so far (dropped tokens' last
-        states). Decision layers before ``decide_from`` are skipped: a group of rows starts at
-        the block whose decision its parent already took. The returned ``full`` holds every
-        token's final state. ``covered``: every position of ``full`` is a real slot of ``h``
-        (so the write-back need not copy ``full`` first).
-        """
-        method, L = run.method, run.L
-        # (states, positions, which slots) of the tokens that left, written into ``full`` in
-        # one scatter at the end (one copy of the (b, L, d) states instead of one per gather)
-        pending: list[tuple[Tensor, Tensor, Tensor]] = []
-        # Host-side checks read once per pass and after each gather, not per block (each read
-        # of a tensor's value is a sync and a few µs; a tiny model's block costs ~250 µs).
-        any_alive = bool(cmask.any())
-        prefix = run.cache is None and (key_masks is None or _real_prefix(cmask))
-        for l in range(start, len(self._attnprune_blocks())):
-            block = self._attnprune_blocks()[l]
-            if l in run.layers and l >= decide_from and any_alive:
-                # Training-time protection of the chunk's last N positions (LTP) is by original
-                # position: "last N alive tokens" would move when a later token is dropped.
-                n_prot = getattr(method, "protect_last", 0) if self.training else 0
-                protect = (index >= L - n_prot) & cmask if n_prot else None
-                sel = method(h, cmask, layer=l, keep_ratio=run.keep_ratio, protect=protect)
-                if sel.aux_loss is not None:
-                    run.aux_losses.append(sel.aux_loss)
-                if sel.info is not None and "log_prob" in sel.info:
-                    run.actions.append({**sel.info, "index": index})  # + original positions
-                if self.training and sel.soft is not None:
-                    soft = sel.soft * cmask.to(sel.soft.dtype)
-                    alive = soft if alive is None else alive * soft
-                keep = sel.keep & cmask
-                # one read for both: does any token leave, and the longest row after the gather
-                leaves, k_max = torch.stack([(keep != cmask).any().long(), keep.sum(1).max()]).tolist()
-                if leaves:  # some tokens leave: gather the survivors
-                    pending.append((h, index, cmask & ~keep))  # the leavers' last states
-                    if alive is None:
-                        g = gather_tokens(h, keep, size=max(k_max, 1))
-                    else:
-                        g, alive = gather_tokens(h, keep, alive, size=max(k_max, 1))
-                    h, cmask = g.hidden, g.mask
-                    any_alive, prefix = k_max > 0, run.cache is None  # pads now at the ends
-                    index = torch.gather(index, 1, g.index)
-                    key_masks = self._gathered_keys(key_masks, g, run.cache)
-                    if run.bucket and h.shape[0] > 1:
-                        groups = row_groups(cmask.sum(1), self._attnprune_group_overhead(h.shape[-1]))
-                        if len(groups) > 1:
-                            full = _write_back(full, pending, covered)
-                            return self._grouped(run, l, groups, h, full, index, cmask, key_masks), None
-            # Kept = processed by this block (in relaxed training: alive weight > 0.5).
-            counted = cmask if alive is None else cmask & (alive > 0.5)
-            run.kept[l] = run.kept[l] + counted.sum()  # a tensor: read once, at the end
-            if not any_alive:  # nothing left to compute (nor to cache) in later blocks
-                break
-            mask = self._block_mask(h, cmask, key_masks, run.cache, l, alive, prefix)
-            out = self._attnprune_call(run, l, block, h, index, mask)
-            if alive is not None:  # relaxed skip: a_j = 0 means the token keeps its state
-                out = h + alive[..., None] * (out - h)
-            h = out
-            if key_masks is not None and run.cache is not None:  # without a cache: never read
-                key_masks[l] = torch.cat([key_masks[l], cmask], dim=1)
-        pending.append((h, index, cmask))
-        return _write_back(full, pending, covered), key_masks
-
-    def _grouped(self, run: _Pass, l: int, groups: list[Tensor], h: Tensor, full: Tensor,
-                 index: Tensor, cmask: Tensor, key_masks) -> Tensor:
-        """Blocks l, l+1, … on each group of rows, cut to the group's longest row (pad slots
-        sit at the end of a gathered row); each group's final states go back to its rows."""
-        out = torch.empty_like(full)  # (b, L, d); the groups cover every row once
-        for rows in groups:  # rows (g,) indices into the b rows
-            k = max(int(cmask[rows].sum(1).max()), 1)
-            keys = None if key_masks is None else [m[rows] for m in key_masks]
-            sub = replace(run, rows={n: t[rows] for n, t in run.rows.items()})
-            out[rows], _ = self._blocks(sub, l, h[rows, :k], full[rows], index[rows, :k],
-                                        cmask[rows, :k], keys, alive=None, decide_from=l + 1)
-        return out
-
-    # -- masks ----------------------------------------------------------------------------
-    def _key_masks(self, cache, attention_mask, B, past) -> list[Tensor] | None:
-        """Per-block 2D key validity (B, past_l) carried on the cache, or None if all valid."""
-        stored = getattr(cache, _KEYS_ATTR, None) if cache is not None else None
-        padded = attention_mask is not None and not bool(attention_mask.bool().all())
-        if stored is None and not padded:
-            return None
-        if stored is not None:
-            return list(stored)
-        dev = attention_mask.device
-        masks = []
-        for l in range(len(self._attnprune_blocks())):
-            n = cache.get_seq_length(l) if cache is not None and past else 0
-            # Before pruning every block saw the same past: the user's mask covers it.
-            masks.append(attention_mask[:, :n].bool() if n else torch.ones(B, 0, dtype=torch.bool, device=dev))
-        return masks
-
-    def _gathered_keys(self, key_masks, g, cache):
-        """After a gather, short rows are padded at the end: from now on pad slots must never
-        be keys, so per-block key masks start (empty = the cached keys, all valid). Without a
-        cache they are not needed: a pass without one has only pads at the row ends after a
-        gather, which the causal mask alone handles (see :meth:`_block_mask`)."""
-        if key_masks is not None or cache is None or bool(g.mask.all()):
-            return key_masks
-        B = g.mask.shape[0]
-        return [torch.ones(B, 0, dtype=torch.bool, device=g.mask.device) for _ in self._attnprune_blocks()]
-
-    def _block_mask(self, h, cmask, key_masks, cache, l, alive, prefix: bool = False):
-        """The attention mask of block l in the format of the model's attention function
-        (``prefix``: no cache and every row's real slots come first)."""
-        if alive is not None:
-            return _soft_mask(h, cmask, alive)
-        if key_masks is None or prefix:
-            # No padding, or (no cache) only pad slots at the row ends, as after every gather:
-            # a real query i attends keys ≤ i, all real, so the causal mask alone is exact for
-            # it (pad queries see real keys and are never read back). SDPA then runs its
-            # is_causal path instead of a (b, 1, K, K) mask: cheaper on short rows.
-            # (the cache goes positionally: its keyword is ``cache`` from transformers 5.24 on)
-            return create_causal_mask(self.config, h, None, cache, position_ids=None, layer_idx=l)
-        past_keys = key_masks[l]
-        if cache is not None and past_keys.shape[1] != cache.get_seq_length(l):
-            n = cache.get_seq_length(l)  # keys cached before any padding appeared are valid
-            past_keys = torch.cat([torch.ones(h.shape[0], n - past_keys.shape[1], dtype=torch.bool,
-                                              device=h.device), past_keys], dim=1)
-            key_masks[l] = past_keys
-        mask2d = torch.cat([past_keys, cmask], dim=1)
-        return create_causal_mask(self.config, h, mask2d, cache, position_ids=None, layer_idx=l)
+    method, L = run.method, run.L
+    # (states, positions, which slots) of the tokens that left, written into ``full`` in
+    # one scatter at the end (one copy of the (b, L, d) states instead of one per gather)
+    pending: list[tuple[Tensor, Tensor, Tensor]] = []
+    # Host-side checks read once per pass and after each gather, not per block (each read
+    # of a tensor's value is a sync and a few µs; a tiny model's block costs ~250 µs).
+    any_alive = bool(cmask.any())
+    prefix = run.cache is None and (key_masks is None or _real_prefix(cmask))
+    for l in range(start, len(run.blocks)):
+        block = run.blocks[l]
+        if l in run.layers and l >= decide_from and any_alive:
+            # Training-time protection of the chunk's last N positions (LTP) is by original
+            # position: "last N alive tokens" would move when a later token is dropped.
+            n_prot = getattr(method, "protect_last", 0) if run.training else 0
+            protect = (index >= L - n_prot) & cmask if n_prot else None
+            sel = method(h, cmask, layer=l, keep_ratio=run.keep_ratio, protect=protect)
+            if sel.aux_loss is not None:
+                run.data.aux_losses.append(sel.aux_loss)
+            if sel.info is not None and "log_prob" in sel.info:
+                run.data.actions.append({**sel.info, "index": index})  # + original positions
+            if run.training and sel.soft is not None:
+                soft = sel.soft * cmask.to(sel.soft.dtype)
+                alive = soft if alive is None else alive * soft
+            keep = sel.keep & cmask
+            # one read for both: does any token leave, and the longest row after the gather
+            leaves, k_max = torch.stack([(keep != cmask).any().long(), keep.sum(1).max()]).tolist()
+            if leaves:  # some tokens leave: gather the survivors
+                pending.append((h, index, cmask & ~keep))  # the leavers' last states
+                if alive is None:
+                    g = gather_tokens(h, keep, size=max(k_max, 1))
+                else:
+                    g, alive = gather_tokens(h, keep, alive, size=max(k_max, 1))
+                h, cmask = g.hidden, g.mask
+                any_alive, prefix = k_max > 0, run.cache is None  # pads now at the ends
+                index = torch.gather(index, 1, g.index)
+                key_masks = _gathered_keys(len(run.blocks), key_masks, g, run.cache)
+                if run.bucket and h.shape[0] > 1:
+                    groups = row_groups(cmask.sum(1), run.overhead)
+                    if len(groups) > 1:
+                        full = _write_back(full, pending, covered)
+                        return _grouped(run, l, groups, h, full, index, cmask, key_masks), None
+        # Kept = processed by this block (in relaxed training: alive weight > 0.5).
+        counted = cmask if alive is None else cmask & (alive > 0.5)
+        run.kept[l] = run.kept[l] + counted.sum()  # a tensor: read once, at the end
+        if not any_alive:  # nothing left to compute (nor to cache) in later blocks
+            break
+        mask = _block_mask(run.config, h, cmask, key_masks, run.cache, l, alive, prefix)
+        out = run.call_block(run, l, block, h, index, mask)
+        if alive is not None:  # relaxed skip: a_j = 0 means the token keeps its state
+            out = h + alive[..., None] * (out - h)
+        h = out
+        if key_masks is not None and run.cache is not None:  # without a cache: never read
+            key_masks[l] = torch.cat([key_masks[l], cmask], dim=1)
+    pending.append((h, index, cmask))
+    return _write_back(full, pending, covered), key_masks
 
 
+def _grouped(run: _Pass, l: int, groups: list[Tensor], h: Tensor, full: Tensor, index: Tensor,
+             cmask: Tensor, key_masks) -> Tensor:
+    """Blocks l, l+1, … on each group of rows, cut to the group's longest row (pad slots
+    sit at the end of a gathered row); each group's final states go back to its rows."""
+    out = torch.empty_like(full)  # (b, L, d); the groups cover every row once
+    for rows in groups:  # rows (g,) indices into the b rows
+        k = max(int(cmask[rows].sum(1).max()), 1)
+        keys = None if key_masks is None else [m[rows] for m in key_masks]
+        sub = replace(run, rows={n: t[rows] for n, t in run.rows.items()})
+        out[rows], _ = _blocks(sub, l, h[rows, :k], full[rows], index[rows, :k],
+                               cmask[rows, :k], keys, alive=None, decide_from=l + 1)
+    return out
 
-class PrunedGPT2Model(CausalBlockLoop, GPT2Model):
-    """GPT2Model whose block loop drops tokens between blocks (only ``forward`` overridden)."""
 
-    def _attnprune_blocks(self) -> nn.ModuleList:
-        return self.h
+# ----------------------------------------------------------------------------- masks
+def _key_masks(n_blocks: int, cache, attention_mask, B, past) -> list[Tensor] | None:
+    """Per-block 2D key validity (B, past_l) carried on the cache, or None if all valid."""
+    stored = getattr(cache, _KEYS_ATTR, None) if cache is not None else None
+    padded = attention_mask is not None and not bool(attention_mask.bool().all())
+    if stored is None and not padded:
+        return None
+    if stored is not None:
+        return list(stored)
+    dev = attention_mask.device
+    masks = []
+    for l in range(n_blocks):
+        n = cache.get_seq_length(l) if cache is not None and past else 0
+        # Before pruning every block saw the same past: the user's mask covers it.
+        masks.append(attention_mask[:, :n].bool() if n else torch.ones(B, 0, dtype=torch.bool, device=dev))
+    return masks
 
-    def _attnprune_group_overhead(self, width: int) -> float:
-        return GROUP_OVERHEAD_TOKENS
 
-    def _attnprune_call(self, run: _Pass, l: int, block: nn.Module, h: Tensor, index: Tensor,
-                        mask) -> Tensor:
-        # Positions need no remapping: GPT-2 adds wpe once, at the input.
-        return block(h, run.cache, mask, use_cache=run.use_cache, **run.block_kwargs)
+def _gathered_keys(n_blocks: int, key_masks, g, cache):
+    """After a gather, short rows are padded at the end: from now on pad slots must never
+    be keys, so per-block key masks start (empty = the cached keys, all valid). Without a
+    cache they are not needed: a pass without one has only pads at the row ends after a
+    gather, which the causal mask alone handles (see :func:`_block_mask`)."""
+    if key_masks is not None or cache is None or bool(g.mask.all()):
+        return key_masks
+    B = g.mask.shape[0]
+    return [torch.ones(B, 0, dtype=torch.bool, device=g.mask.device) for _ in range(n_blocks)]
 
-    def forward(self, input_ids=None, past_key_values=None, attention_mask=None,
-                token_type_ids=None, position_ids=None, inputs_embeds=None, use_cache=None,
-                cache=None, **kwargs):
-        """Same inputs and outputs as ``GPT2Model.forward`` (no cross-attention); the cache
-        comes as ``cache`` (transformers ≥ 5.24) or ``past_key_values`` (before)."""
-        past_key_values = _one_cache(cache, past_key_values)
-        if kwargs.get("encoder_hidden_states") is not None:
-            raise ValueError("encoder_hidden_states: the causal pruning host has no cross-attention")
-        if input_ids is not None and inputs_embeds is not None:
-            raise ValueError("give input_ids or inputs_embeds, not both")
-        if inputs_embeds is None:
-            if input_ids is None:
-                raise ValueError("input_ids: give input_ids or inputs_embeds")
-            inputs_embeds = self.wte(input_ids)
-        B = inputs_embeds.shape[0]
-        past_key_values, position_ids = self._attnprune_positions(
-            inputs_embeds, past_key_values, use_cache, position_ids)
-        h = inputs_embeds + self.wpe(position_ids)
-        if token_type_ids is not None:
-            h = h + self.wte(token_type_ids.view(B, -1))
-        h = self.drop(h)  # (B, L, d)
-        full = self._attnprune_loop(h, attention_mask, past_key_values, use_cache,
-                                    _block_kwargs(kwargs), rows={})
-        hidden = self.ln_f(full)
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden, **cache_kwargs(past_key_values if use_cache else None))
+
+def _block_mask(config, h, cmask, key_masks, cache, l, alive, prefix: bool = False):
+    """The attention mask of block l in the format of the model's attention function
+    (``prefix``: no cache and every row's real slots come first)."""
+    if alive is not None:
+        return _soft_mask(h, cmask, alive)
+    if key_masks is None or prefix:
+        # No padding, or (no cache) only pad slots at the row ends, as after every gather:
+        # a real query i attends keys ≤ i, all real, so the causal mask alone is exact for
+        # it (pad queries see real keys and are never read back). SDPA then runs its
+        # is_causal path instead of a (b, 1, K, K) mask: cheaper on short rows.
+        # (the cache goes positionally: its keyword is ``cache`` from transformers 5.24 on)
+        return create_causal_mask(config, h, None, cache, position_ids=None, layer_idx=l)
+    past_keys = key_masks[l]
+    if cache is not None and past_keys.shape[1] != cache.get_seq_length(l):
+        n = cache.get_seq_length(l)  # keys cached before any padding appeared are valid
+        past_keys = torch.cat([torch.ones(h.shape[0], n - past_keys.shape[1], dtype=torch.bool,
+                                          device=h.device), past_keys], dim=1)
+        key_masks[l] = past_keys
+    mask2d = torch.cat([past_keys, cmask], dim=1)
+    return create_causal_mask(config, h, mask2d, cache, position_ids=None, layer_idx=l)
+
+
+# ----------------------------------------------------------------------------- GPT-2
+def _gpt2_call(run: _Pass, l: int, block: nn.Module, h: Tensor, index: Tensor, mask) -> Tensor:
+    # Positions need no remapping: GPT-2 adds wpe once, at the input.
+    return block(h, run.cache, mask, use_cache=run.use_cache, **run.block_kwargs)
+
+
+def gpt2_forward(state: CausalPatchState, original, input_ids=None, past_key_values=None,
+                 attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                 use_cache=None, cache=None, **kwargs):
+    """``GPT2Model.forward`` with pruning, installed by :func:`attnprune.hosts.replace_forward`
+    (``original``, the stock forward, is not called): same inputs and outputs (no
+    cross-attention); the cache comes as ``cache`` (transformers ≥ 5.24) or
+    ``past_key_values`` (before)."""
+    g = state.inner
+    past_key_values = _one_cache(cache, past_key_values)
+    if kwargs.get("encoder_hidden_states") is not None:
+        raise ValueError("encoder_hidden_states: the causal pruning host has no cross-attention")
+    if input_ids is not None and inputs_embeds is not None:
+        raise ValueError("give input_ids or inputs_embeds, not both")
+    if inputs_embeds is None:
+        if input_ids is None:
+            raise ValueError("input_ids: give input_ids or inputs_embeds")
+        inputs_embeds = g.wte(input_ids)
+    B = inputs_embeds.shape[0]
+    past_key_values, position_ids = positions(g.config, inputs_embeds, past_key_values,
+                                              use_cache, position_ids)
+    h = inputs_embeds + g.wpe(position_ids)
+    if token_type_ids is not None:
+        h = h + g.wte(token_type_ids.view(B, -1))
+    h = g.drop(h)  # (B, L, d)
+    full = block_loop(state, g, h, attention_mask, past_key_values, use_cache,
+                      _block_kwargs(kwargs), {}, g.h, _gpt2_call, GROUP_OVERHEAD_TOKENS)
+    hidden = g.ln_f(full)
+    return BaseModelOutputWithPastAndCrossAttentions(
+        last_hidden_state=hidden, **cache_kwargs(past_key_values if use_cache else None))
 
 
 def _one_cache(cache, past_key_values):
@@ -448,7 +442,9 @@ def _soft_mask(h: Tensor, cmask: Tensor, alive: Tensor) -> Tensor:
 
 
 class CausalPatchState(PatchState):
-    """Patch of a causal model (GPT-2, Llama family): the method, its decision layers, per-forward statistics.
+    """Patch of a causal model (GPT-2, Llama family): the method, its decision layers, and
+    each thread's last forward (``aux_losses``, ``stats``, ``actions``: read from
+    ``calls.last()``, so threads sharing one patched model never read each other's).
 
     ``stats["kept_per_layer"]`` is the share of real tokens each block processed in the last
     forward (summed over row groups); ``enabled`` and ``bucket_rows`` may be switched between
@@ -459,33 +455,64 @@ class CausalPatchState(PatchState):
 
     def __init__(self, method: str, module: nn.Module, layers, keep_ratio, enabled: bool,
                  bucket_rows: bool = True):
+        self.calls = Calls(CausalCall)  # first: PatchState's fields below are per call
         super().__init__(method, module)
         self.method_module = module
         self.layers = tuple(layers)
         self.keep_ratio = keep_ratio
         self.enabled = enabled
         self.bucket_rows = bucket_rows
-        self.actions: list[dict] = []
-        self._hook = None
-        self._gpt2: nn.Module | None = None  # the inner model whose class was swapped
-        self._old_cls = None
+        self.inner: nn.Module | None = None  # the model whose forward is replaced
+        self._handles: list = []
+
+    # -- per-call data (this thread's last forward) ----------------------------------------
+    def _last(self) -> CausalCall:
+        data = self.calls.last()
+        if data is None:  # nothing ran on this thread yet: an empty call to write into
+            self.calls.begin()
+            self.calls.end()
+            data = self.calls.last()
+        return data
+
+    @property
+    def aux_losses(self) -> list[Tensor]:
+        data = self.calls.last()
+        return [] if data is None else data.aux_losses
+
+    @aux_losses.setter
+    def aux_losses(self, value: list[Tensor]) -> None:
+        self._last().aux_losses = value
+
+    @property
+    def stats(self) -> dict:
+        data = self.calls.last()
+        return {} if data is None else data.stats
+
+    @stats.setter
+    def stats(self, value: dict) -> None:
+        self._last().stats = value
+
+    @property
+    def actions(self) -> list[dict]:
+        data = self.calls.last()
+        return [] if data is None else data.actions
 
     def unpatch(self, model: nn.Module) -> None:
-        """Restore the stock class and remove the method module and the hook."""
-        g = self._gpt2
-        if g is not None:
-            g.__class__ = self._old_cls
-            children_dict(g).pop("attnprune_method", None)
-            if "_attnprune_state" in g.__dict__:
-                del g.__dict__["_attnprune_state"]
-        if self._hook is not None:
-            self._hook.remove()
+        """Restore the stock forward and remove the method module and the hooks."""
+        inner = self.inner
+        if inner is not None:
+            restore_forward(inner)
+            children_dict(inner).pop("attnprune_method", None)
+        for handle in self._handles:
+            handle.remove()
         remove_state_hooks(model, self)
 
-    def policy_loss(self, logits: Tensor, labels: Tensor, attention_mask: Tensor | None = None
-                    ) -> Tensor | None:
-        """REINFORCE loss of the last forward's actions (DTR eq.: L_policy), or None."""
-        if not self.actions:
+    def policy_loss(self, logits: Tensor, labels: Tensor, attention_mask: Tensor | None = None,
+                    actions: list[dict] | None = None) -> Tensor | None:
+        """REINFORCE loss (DTR eq.: L_policy) of ``actions``, by default this thread's last
+        forward's, or None."""
+        actions = self.actions if actions is None else actions
+        if not actions:
             return None
         # Per-position LM loss ℓ_t of predicting token t + 1 (shifted, ignore -100): the
         # rewards' first term. The last position predicts nothing in this window: ℓ = 0.
@@ -501,20 +528,22 @@ class CausalPatchState(PatchState):
         real[:, :-1] = valid  # positions whose decisions count (the last one: its cost only)
         if attention_mask is not None and attention_mask.shape == labels.shape:
             real &= attention_mask.bool()
-        return self.method_module.reinforce_loss(self.actions, token_loss, real)
+        return self.method_module.reinforce_loss(actions, token_loss, real)
 
 
 def _policy_hook(state: CausalPatchState, module, args, kwargs, output) -> None:
-    """Forward hook on the LM-head model: the REINFORCE loss when ``labels`` are given.
+    """Forward hook on the LM-head model: the REINFORCE loss when ``labels`` are given, from
+    the actions of the inner forward that just ended on this thread, added to its losses.
 
     Registered as ``partial(_policy_hook, state)``, not a closure: ``copy.deepcopy`` copies a
     partial's arguments with the model's memo, so a copy's hook feeds the copy's state.
     """
     labels = kwargs.get("labels")
-    if module.training and labels is not None and state.actions:
-        loss = state.policy_loss(output.logits, labels, kwargs.get("attention_mask"))
+    data = state.calls.last()
+    if module.training and labels is not None and data is not None and data.actions:
+        loss = state.policy_loss(output.logits, labels, kwargs.get("attention_mask"), data.actions)
         if loss is not None:
-            state.aux_losses.append(loss)
+            data.aux_losses.append(loss)
 
 
 def _is_gpt2(model: nn.Module) -> bool:
@@ -537,17 +566,18 @@ def patch(model: nn.Module, spec, keep_ratio: float | None = None, layers=None,
     """
     g = _gpt2(model)
     c = g.config
-    return patch_causal(model, g, spec, PrunedGPT2Model, "GPT-2 models",
+    return patch_causal(model, g, spec, gpt2_forward, "GPT-2 models",
                         {"d_model": c.n_embd, "n_layers": c.n_layer, "n_heads": c.n_head},
                         keep_ratio, layers, enabled, bucket_rows, options)
 
 
-def patch_causal(model: nn.Module, inner: nn.Module, spec, pruned: type, label: str,
+def patch_causal(model: nn.Module, inner: nn.Module, spec, forward: Callable, label: str,
                  context: dict, keep_ratio, layers, enabled, bucket_rows, options: dict
                  ) -> CausalPatchState:
     """What every causal host does once it found the inner model: check the options, build
-    the method from ``context`` (d_model, n_layers, n_heads), swap ``inner``'s class for a
-    subclass of ``pruned`` (a :class:`CausalBlockLoop` host class) and hook the LM head."""
+    the method from ``context`` (d_model, n_layers, n_heads), replace ``inner``'s forward by
+    ``forward`` (a module-level ``forward(state, original, *args, **kwargs)`` running
+    :func:`block_loop`), bracket its calls and hook the LM head."""
     if not isinstance(bucket_rows, bool):
         raise ValueError(f"bucket_rows must be True or False, got {bucket_rows!r}")  # noqa: TRY004 (patch() contract: ValueError)
     name = _ALIASES.get(spec.name, spec.name)
@@ -574,34 +604,22 @@ def patch_causal(model: nn.Module, inner: nn.Module, spec, pruned: type, label: 
     module.train(inner.training)  # follow the model's mode (model.eval() came before the patch)
     on = bool(enabled) and keep_ratio != 1.0
     state = CausalPatchState(name, module, module.layers, keep_ratio, on, bucket_rows)
-    state._gpt2, state._old_cls = inner, type(inner)
+    state.inner = inner
     inner.add_module("attnprune_method", module)
-    inner.__dict__["_attnprune_state"] = state  # plain attribute: not a submodule, not saved
-    inner.__class__ = pruned_class(type(inner), pruned)
+    # Partials over the state, not closures nor a generated class: the class stays the stock
+    # one, and deep copies and pickles carry their own state (see replace_forward).
+    replace_forward(inner, forward, state)
+    state._handles = bracket_calls(inner, state, state.calls, _check_call)
     if inner is not model:
-        state._hook = model.register_forward_hook(partial(_policy_hook, state), with_kwargs=True)
-    inner.register_forward_pre_hook(partial(_check_call, state), with_kwargs=True)
+        state._handles.append(
+            model.register_forward_hook(partial(_policy_hook, state), with_kwargs=True))
     return state
 
 
-def _check_call(state: CausalPatchState, module, args, kwargs) -> None:
-    """Forward pre-hook on the inner model: refuse what the pruned block loop cannot honour
-    (per-layer output flags while pruning; an attention back-end switched after patching)."""
+def _check_call(state: CausalPatchState, data: CausalCall, module, args, kwargs) -> None:
+    """At the start of every inner forward (the call's begin): refuse what the pruned block
+    loop cannot honour (per-layer output flags while pruning; an attention back-end switched
+    after patching)."""
     check_attn_implementation(module.config, type(module).__name__)
     if state.enabled and state.layers:
         refuse_output_flags(module.config, kwargs, "causal host")
-
-
-_CLASSES: dict[tuple[type, type], type] = {}
-
-
-def pruned_class(cls: type, pruned: type = PrunedGPT2Model) -> type:
-    """A subclass of ``cls`` (the stock inner model class or a user subclass) with the pruning
-    forward of ``pruned``; ``pruned`` itself when it already is that class."""
-    if issubclass(cls, pruned):
-        return cls
-    if cls in pruned.__bases__:  # the stock class it was written for (GPT2Model)
-        return pruned
-    if (cls, pruned) not in _CLASSES:
-        _CLASSES[cls, pruned] = type(f"Pruned{cls.__name__}", (pruned, cls), {})
-    return _CLASSES[cls, pruned]

@@ -1,11 +1,12 @@
 """Causal token pruning for rotary decoder families (Llama, Mistral, Qwen2/3, Gemma/Gemma2, Phi-3).
 
 ``attnprune.patch(lm, "ltp" | "dtr" | "hybrid", **options)`` on a ``*ForCausalLM`` (or the bare
-``*Model``) of a family in :data:`FAMILIES` swaps the inner model's class for a subclass whose
-``forward`` runs the block loop of :class:`attnprune.hosts.hf_causal.CausalBlockLoop`: the same
-decisions, gathers, KV-cache handling, row bucketing and relaxed training masks as the GPT-2
-host (read its module docstring for the convention and the notation). Layers, attention,
-final norm and LM head stay the stock HF modules.
+``*Model``) of a family in :data:`FAMILIES` replaces the inner model's ``forward`` by
+:func:`rotary_forward` (:func:`attnprune.hosts.replace_forward`; the class stays the stock
+one), which runs the block loop of :func:`attnprune.hosts.hf_causal.block_loop`: the same
+decisions, gathers, KV-cache handling, row bucketing, relaxed training masks and per-call
+state as the GPT-2 host (read its module docstring for the convention and the notation).
+Layers, attention, final norm and LM head stay the stock HF modules.
 
 What differs from GPT-2 is how positions enter. GPT-2 adds a position embedding once at the
 input; these families rotate q and k inside every layer with (cos, sin) of the token's
@@ -31,11 +32,6 @@ the plain causal mask is exact; beyond it the host raises ValueError naming
 not consecutive and would look like packed sequences (``HF_NOTES.md``). With ``use_cache``
 unset the host builds no cache (the GPT-2 host's convention; HF would default it to the
 config's ``use_cache``): training and scoring need none, ``generate`` asks for one.
-
-The patched class is generated per stock class (``hf_causal.pruned_class``), so pickle cannot
-find it by name: :meth:`PrunedDecoder.__reduce_ex__` stores the stock class and generates the
-subclass again on load, so ``torch.save`` / ``torch.load`` and ``pickle`` round-trip a patched
-model (``tests/test_pickle.py``).
 """
 
 from __future__ import annotations
@@ -48,15 +44,16 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from attnprune.hosts import register_host
 from attnprune.hosts.hf_causal import (
-    CausalBlockLoop,
     CausalPatchState,
     _one_cache,
     _Pass,
+    block_loop,
     cache_kwargs,
     patch_causal,
+    positions,
 )
 
-__all__ = ["FAMILIES", "REFUSED", "DecoderFamily", "PrunedDecoder", "family_of"]
+__all__ = ["FAMILIES", "REFUSED", "DecoderFamily", "family_of", "rotary_forward"]
 
 
 @dataclass(frozen=True)
@@ -137,56 +134,51 @@ def sliding_window(config, family: DecoderFamily) -> int | None:
 ROTARY_GROUP_OVERHEAD_TOKENS = 512.0
 
 
-class PrunedDecoder(CausalBlockLoop):
-    """Mixed in before a family's ``*Model`` class: its ``forward`` with pruning (pickles
-    through :meth:`CausalBlockLoop.__reduce_ex__`)."""
+def _rotary_call(run: _Pass, l: int, block: nn.Module, h: Tensor, index: Tensor, mask) -> Tensor:
+    # Kept tokens keep their original positions: gather (cos, sin) with the alive index.
+    cos, sin = run.rows["cos"], run.rows["sin"]  # (b, L, d_head)
+    # Tokens leave only at decision layers (before their block): until the first one the
+    # index is the identity and the chunk's (cos, sin) are already in order.
+    if run.layers and l >= min(run.layers):
+        idx = index[..., None].expand(-1, -1, cos.shape[-1])  # (b, K, d_head)
+        cos, sin = torch.gather(cos, 1, idx), torch.gather(sin, 1, idx)
+    kw = {"use_cache": run.use_cache} if FAMILIES[run.config.model_type].layer_use_cache else {}
+    return block(h, attention_mask=mask, position_embeddings=(cos, sin),
+                 **cache_kwargs(run.cache), **kw)
 
-    def _attnprune_blocks(self) -> nn.ModuleList:
-        return self.layers
 
-    def _attnprune_group_overhead(self, width: int) -> float:
-        return ROTARY_GROUP_OVERHEAD_TOKENS * (128.0 / width) ** 2
-
-    def _attnprune_call(self, run: _Pass, l: int, block: nn.Module, h: Tensor, index: Tensor,
-                        mask) -> Tensor:
-        # Kept tokens keep their original positions: gather (cos, sin) with the alive index.
-        cos, sin = run.rows["cos"], run.rows["sin"]  # (b, L, d_head)
-        # Tokens leave only at decision layers (before their block): until the first one the
-        # index is the identity and the chunk's (cos, sin) are already in order.
-        if run.layers and l >= min(run.layers):
-            idx = index[..., None].expand(-1, -1, cos.shape[-1])  # (b, K, d_head)
-            cos, sin = torch.gather(cos, 1, idx), torch.gather(sin, 1, idx)
-        kw = {"use_cache": run.use_cache} if FAMILIES[self.config.model_type].layer_use_cache else {}
-        return block(h, attention_mask=mask, position_embeddings=(cos, sin),
-                     **cache_kwargs(run.cache), **kw)
-
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None,
-                past_key_values=None, inputs_embeds=None, use_cache=None, cache=None, **kwargs):
-        """Same inputs and outputs as the family's ``*Model.forward`` (2D masks only); the
-        cache comes as ``cache`` (transformers ≥ 5.24) or ``past_key_values`` (before)."""
-        past_key_values = _one_cache(cache, past_key_values)
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("input_ids: give exactly one of input_ids or inputs_embeds")
-        if isinstance(attention_mask, dict):
-            raise ValueError("attention_mask: the pruning host builds its own per-layer masks; "  # noqa: TRY004 (patch() contract: ValueError)
-                             "give the 2D (B, L) padding mask")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)  # Gemma's scaling lives in this module
-        B = inputs_embeds.shape[0]
-        past_key_values, position_ids = self._attnprune_positions(
-            inputs_embeds, past_key_values, use_cache, position_ids)
-        w = sliding_window(self.config, FAMILIES[self.config.model_type])
-        if w is not None and int(position_ids.max()) >= w:
-            raise ValueError(
-                f"sliding_window: position {int(position_ids.max())} is outside the window "
-                f"({w}); after pruning, window distances are not index distances, and the host "
-                f"only runs sequences that fit in the window")
-        cos, sin = self.rotary_emb(inputs_embeds, position_ids)  # (1 or B, L, d_head)
-        rows = {"cos": cos.expand(B, -1, -1), "sin": sin.expand(B, -1, -1)}
-        full = self._attnprune_loop(inputs_embeds, attention_mask, past_key_values, use_cache,
-                                    {}, rows)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(full),
-                                       **cache_kwargs(past_key_values if use_cache else None))
+def rotary_forward(state: CausalPatchState, original, input_ids=None, attention_mask=None,
+                   position_ids=None, past_key_values=None, inputs_embeds=None, use_cache=None,
+                   cache=None, **kwargs):
+    """The family's ``*Model.forward`` with pruning, installed by
+    :func:`attnprune.hosts.replace_forward` (``original``, the stock forward, is not called):
+    same inputs and outputs (2D masks only); the cache comes as ``cache`` (transformers ≥
+    5.24) or ``past_key_values`` (before)."""
+    m = state.inner
+    past_key_values = _one_cache(cache, past_key_values)
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("input_ids: give exactly one of input_ids or inputs_embeds")
+    if isinstance(attention_mask, dict):
+        raise ValueError("attention_mask: the pruning host builds its own per-layer masks; "  # noqa: TRY004 (patch() contract: ValueError)
+                         "give the 2D (B, L) padding mask")
+    if inputs_embeds is None:
+        inputs_embeds = m.embed_tokens(input_ids)  # Gemma's scaling lives in this module
+    B = inputs_embeds.shape[0]
+    past_key_values, position_ids = positions(m.config, inputs_embeds, past_key_values,
+                                              use_cache, position_ids)
+    w = sliding_window(m.config, FAMILIES[m.config.model_type])
+    if w is not None and int(position_ids.max()) >= w:
+        raise ValueError(
+            f"sliding_window: position {int(position_ids.max())} is outside the window "
+            f"({w}); after pruning, window distances are not index distances, and the host "
+            f"only runs sequences that fit in the window")
+    cos, sin = m.rotary_emb(inputs_embeds, position_ids)  # (1 or B, L, d_head)
+    rows = {"cos": cos.expand(B, -1, -1), "sin": sin.expand(B, -1, -1)}
+    overhead = ROTARY_GROUP_OVERHEAD_TOKENS * (128.0 / inputs_embeds.shape[-1]) ** 2
+    full = block_loop(state, m, inputs_embeds, attention_mask, past_key_values, use_cache, {},
+                      rows, m.layers, _rotary_call, overhead)
+    return BaseModelOutputWithPast(last_hidden_state=m.norm(full),
+                                   **cache_kwargs(past_key_values if use_cache else None))
 
 
 def _matches(model: nn.Module) -> bool:
@@ -208,5 +200,5 @@ def patch(model: nn.Module, spec, keep_ratio: float | None = None, layers=None,
     c = inner.config
     context = {"d_model": c.hidden_size, "n_layers": c.num_hidden_layers,
                "n_heads": c.num_attention_heads}
-    return patch_causal(model, inner, spec, PrunedDecoder, f"{family.model_type} models",
+    return patch_causal(model, inner, spec, rotary_forward, f"{family.model_type} models",
                         context, keep_ratio, layers, enabled, bucket_rows, options)
