@@ -164,3 +164,28 @@ def test_saved_config_of_a_model_asked_for_attentions_loads(tmp_path):
         a, b = loaded(input_ids=ids), model(input_ids=ids)
     assert torch.equal(a.logits, b.logits)
     assert all(torch.equal(x, y) for x, y in zip(a.attentions, b.attentions, strict=True))
+
+
+@pytest.mark.parametrize(("arch", "method", "opts"), [("bert", "cost", {"lam": 1e-2}),
+                                                      ("albert", "intensity", {})])
+def test_a_nested_forward_leaves_the_outer_call_intact(arch, method, opts):
+    """A hook inside the model's forward (after its first attention module) runs the same
+    model on another batch: the outer call keeps its layer count, hidden states and losses."""
+    model = build(arch)
+    attnprune.patch(model, method, **opts)
+    outer_x, inner_x = _inputs(3, 12, 8, seed=3), _inputs(2, 7, None, seed=4)
+    ref, ref_inner = _run(model, outer_x), _run(model, inner_x)
+    seen = {}
+
+    def teacher(*_):
+        if "inner" not in seen:  # once: the inner forward runs this hook too
+            seen["inner"] = True
+            seen["inner"] = _run(model, inner_x)
+
+    first = next(m for m in model.modules() if "_attnprune_attention" in m.__dict__)
+    first.register_forward_hook(teacher)
+    out, aux = _run(model, outer_x)
+    assert torch.allclose(out, ref[0], atol=1e-6)
+    assert (aux is None) == (ref[1] is None) == (method != "cost")
+    assert aux is None or torch.allclose(aux, ref[1], atol=1e-6)
+    assert torch.allclose(seen["inner"][0], ref_inner[0], atol=1e-6)

@@ -94,3 +94,14 @@ def test_copies_and_pickles_are_independent_and_restore_removes_the_forward():
     expected = nn.Linear.forward(model, x)
     restore_forward(model)
     torch.testing.assert_close(model(x), expected)
+
+
+def test_data_read_outside_a_bracketed_forward_is_not_a_running_call():
+    """A submodule run on its own reads a loose call; it never stays on the stack, where it
+    would look like a running call and take the place of the next forward's."""
+    model, state = _patched()
+    loose = state.calls.current()  # what a hook on a submodule called alone would read
+    assert not state.calls.running()
+    model(torch.ones(4, 2))
+    assert state.calls.current() is not loose and not state.calls.running()
+    assert state.calls.last().stats == {"rows": 4}

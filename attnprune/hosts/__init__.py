@@ -86,6 +86,7 @@ class Calls:
 
     def begin(self) -> CallData:
         data = self.factory()
+        self._local.loose = None
         self._stack().append(data)
         return data
 
@@ -96,11 +97,15 @@ class Calls:
 
     def current(self) -> CallData:
         """The running call's data; outside a bracketed forward (a submodule called on its
-        own), a call that :meth:`end` or the next :meth:`begin` replaces."""
+        own), a loose call that the next :meth:`begin` replaces (never on the stack: it would
+        look like a running call)."""
         stack = self._stack()
-        if not stack:
-            stack.append(self.factory())
-        return stack[-1]
+        if stack:
+            return stack[-1]
+        loose = getattr(self._local, "loose", None)
+        if loose is None:
+            loose = self._local.loose = self.factory()
+        return loose
 
     def running(self) -> bool:
         return bool(self._stack())
@@ -115,6 +120,32 @@ class Calls:
     def __setstate__(self, d: dict) -> None:
         self.factory = d["factory"]
         self._local = threading.local()
+
+
+class LastCall:
+    """A patch state's attribute that its caller reads back (``aux_losses``, ``stats``, a
+    host's ``kept_mask``): the field of the calling thread's last finished call of
+    ``state.calls``, the value a new call starts with before any. Setting it writes there
+    (``PatchState.__init__``, a caller resetting ``stats``)."""
+
+    def __init__(self, doc: str | None = None) -> None:
+        self.__doc__ = doc
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, state, owner=None):
+        if state is None:
+            return self
+        data = state.calls.last()
+        return getattr(state.calls.factory() if data is None else data, self.name)
+
+    def __set__(self, state, value) -> None:
+        calls = state.calls
+        if calls.last() is None:  # an empty finished call to hold it
+            calls.begin()
+            calls.end()
+        setattr(calls.last(), self.name, value)
 
 
 def bracket_calls(model: nn.Module, state: PatchState, calls: Calls,

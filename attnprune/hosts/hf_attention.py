@@ -31,20 +31,28 @@ How it wires a method in (see ``../shared/HF_NOTES.md``):
   (``module._attnprune_attention``): the registered function finds the state from the module
   it is called with. A global name bound to one state (a closure, a bound method) would be
   shared by ``copy.deepcopy`` copies of the model, which then ran the original's method state;
-  reached through the module, the state is copied with the model (hooks are
-  ``functools.partial`` over the state, and adapters partials over the module, for the same
-  reason; module-level functions, so a patched model also pickles);
+  reached through the module, the state is copied with the model (hooks and adapters are
+  ``functools.partial`` over the state, ``hosts.replace_forward``, for the same reason;
+  module-level functions, so a patched model also pickles);
 - the data of one forward (layer running now, real tokens, position ids, hidden states, losses)
-  lives in a ``threading.local`` on the state (:class:`PerCall`): threads calling one patched
-  model at once never see each other's;
+  is a :class:`PerCall` of the state's ``calls`` (:class:`attnprune.hosts.Calls`), begun at the
+  model's entry, per thread and nested: threads calling one patched model at once, and a
+  forward run inside another, never see each other's;
 - a forward pre-hook on each attention module says which layer runs now and, for methods that
   need it (intensity), records its input hidden state. ALBERT runs one module at every depth:
   the runs are numbered in call order, so per-layer method settings (crisp's sparsity list and
   adaptive schedule, intensity's predictors, cost's terms) are per depth, never shared by
   accident between depths that share weights;
 - the loss method (cost) gets FFN pre-activations from forward hooks on the FFN's first layer;
-- a forward pre-hook on the model clears ``aux_losses`` and ``stats`` and records the 2-D
-  ``attention_mask`` (real tokens) for the losses' means.
+- the call's begin (a forward pre-hook on the model) records the 2-D ``attention_mask`` (real
+  tokens) for the losses' means; ``aux_losses`` and ``stats`` read the calling thread's last
+  call.
+
+The registration under ``IMPL`` is process-wide: transformers' attention modules look their
+function up by name in the global ``ALL_ATTENTION_FUNCTIONS`` and its mask builders check the
+global ``AttentionMaskInterface._global_mapping`` (transformers 5.17 and 5.24 alike; an
+interface instance's local mapping is never read), so one stateless function is registered
+once and finds each model's state from the module it is called with.
 
 ``state.enabled = False`` runs the stock attention without penalties on the same weights (the
 full reference of ``finetune.evaluate``); ``state.need_weights = True`` makes every layer return
@@ -68,7 +76,6 @@ need_weights, softcap, bias, positions) -> (out (B, Tq, H, d), probs (B, H, Tq, 
 from __future__ import annotations
 
 import copyreg
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -77,11 +84,17 @@ import torch
 from torch import nn
 
 from attnprune.hosts import (
+    CallData,
+    Calls,
+    LastCall,
     PatchState,
     add_method_module,
+    bracket_calls,
     register_host,
     remove_method_module,
     remove_state_hooks,
+    replace_forward,
+    restore_forward,
 )
 from attnprune.hosts.compat import attn_implementation
 from attnprune.methods import registry
@@ -260,21 +273,22 @@ def repeat_kv_heads(query: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
     return kv.repeat_interleave(h // h_kv, dim=1)
 
 
-class PerCall(threading.local):
-    """The data of the forward a thread runs now: which layer runs, the real tokens, the
-    position ids, the hidden states the method reads, whether the caller asked for attention
-    weights, and the losses and statistics the forward leaves for its caller.
+class PerCall(CallData):
+    """The data of one forward (:class:`attnprune.hosts.Calls`): which layer runs, the real
+    tokens, the position ids, the hidden states the method reads, whether the caller asked for
+    attention weights, and the losses and statistics the forward leaves for its caller.
 
-    A ``threading.local``: one patched model called from several threads at once (a web
+    Per call and thread: one patched model called from several threads at once (a web
     server's thread pool) gives each call its own, so no request is scored with another's
     mask, layer or hidden states. The hooks hand the data along within one thread: the model's
     pre-hook, the attention modules' pre-hooks and the attention function of one forward run
     in the thread that called the model (on CPU, backward too; a GPU's autograd threads would
-    see an empty ``PerCall`` if a forward were recomputed there, as activation checkpointing
-    does, which this host does not support).
+    see no running call if a forward were recomputed there, as activation checkpointing does,
+    which this host does not support).
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self.calls = 0  # attention runs in this forward (numbers the layers of shared families)
         self.current = 0  # layer number of the attention module running now
         self.hidden: dict[int, torch.Tensor] = {}
@@ -282,20 +296,21 @@ class PerCall(threading.local):
         self.positions: torch.Tensor | None = None  # the model's position_ids of this forward
         self.layer_token_mask: torch.Tensor | None = None  # real tokens of this layer (stacked)
         self.output_attentions = False  # the caller asked for the attention weights
-        self.aux_losses: list[torch.Tensor] = []
-        self.stats: dict = {}
 
 
 class AttentionPatchState(PatchState):
     """State of an attention/loss patch: the registered name, hooks and settings; the data of
-    a forward lives in :class:`PerCall` (``state.call``), per thread.
+    a forward is a :class:`PerCall` of ``calls``, per call and thread.
 
     ``aux_losses`` and ``stats`` read the calling thread's: a caller sees the losses of its
     own last forward, whatever other threads run meanwhile."""
 
+    aux_losses = LastCall()
+    stats = LastCall()
+
     def __init__(self, method: str, module: nn.Module, impl: str, previous: str | None,
                  layers: dict[nn.Module, int], fam: Family, n_layers: int) -> None:
-        self.call = PerCall()  # before PatchState's __init__, which sets aux_losses and stats
+        self.calls = Calls(PerCall)  # before PatchState's __init__, which sets aux_losses and stats
         super().__init__(method, module)
         self.impl = impl
         self.previous = previous  # None: the attention implementation was not switched
@@ -316,30 +331,6 @@ class AttentionPatchState(PatchState):
         # tokens from the mask it is given, and the FFN hook of the same layer reuses them.
         self.derive_token_mask = False
 
-    @property
-    def aux_losses(self) -> list[torch.Tensor]:
-        return self.call.aux_losses
-
-    @aux_losses.setter
-    def aux_losses(self, value: list[torch.Tensor]) -> None:
-        self.call.aux_losses = value
-
-    @property
-    def stats(self) -> dict:
-        return self.call.stats
-
-    @stats.setter
-    def stats(self, value: dict) -> None:
-        self.call.stats = value
-
-    def __getstate__(self) -> dict:
-        # a thread-local neither pickles nor deep-copies: a copy starts with no forward data
-        return {k: v for k, v in self.__dict__.items() if k != "call"}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self.call = PerCall()
-
     def attention_fn(self, module, query, key, value, attention_mask, dropout=0.0,
                      scaling=None, bias=None, **kwargs):
         """The function HF calls in place of its attention (signature of HF_NOTES.md); the
@@ -347,7 +338,7 @@ class AttentionPatchState(PatchState):
         if kwargs.get("s_aux") is not None:
             raise ValueError("model: attention sinks (s_aux) are not supported by the "
                              "attention methods")
-        call = self.call
+        call = self.calls.current()
         layer = self.layer_of.get(module)
         if layer is not None and self.shared:
             layer = call.current
@@ -413,9 +404,8 @@ class AttentionPatchState(PatchState):
         restore_configs(model)
         for m in self.layer_of:
             m.__dict__.pop(STATE_ATTR, None)
-            m.__dict__.pop("forward", None)  # an adapter's instance forward (own-forward families)
+            restore_forward(m)  # an adapter's (own-forward families)
         remove_method_module(model, self.modules)
-        self.call = PerCall()
 
 
 def real_tokens(mask: torch.Tensor | None, tq: int) -> torch.Tensor | None:
@@ -446,11 +436,11 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
 
 
 # Adapters: families whose attention modules compute scores in their own forward instead of
-# calling the attention interface. Each replaces the module's forward (an instance attribute,
-# removed by ``unpatch``), computes q, k, v and the family's score terms with the module's own
-# layers and methods, and hands them to the patch state as (query, key, value, mask, bias).
-# They are module-level functions bound to the module with ``functools.partial``, so
-# ``copy.deepcopy`` rebinds them to the copy and ``pickle`` / ``torch.save`` store them by name.
+# calling the attention interface. Each replaces the module's forward (``replace_forward``:
+# ``partial(adapter, state, module, stock forward)``, removed by ``unpatch``), computes q, k, v
+# and the family's score terms with the module's own layers and methods, and hands them to the
+# patch state as (query, key, value, mask, bias). The stock forward goes unused: the adapter
+# is the whole attention.
 
 
 def _split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -459,10 +449,9 @@ def _split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     return x.view(b, t, n_heads, -1).transpose(1, 2)
 
 
-def _mpnet_forward(module, hidden_states, attention_mask=None, position_bias=None,
-                   output_attentions=False, **kwargs):
+def _mpnet_forward(state: AttentionPatchState, module, _stock, hidden_states,
+                   attention_mask=None, position_bias=None, output_attentions=False, **kwargs):
     """MPNetSelfAttention: S = QKᵀ/√d + relative position bias (B|1, H, T, T) + mask."""
-    state = module.__dict__[STATE_ATTR]
     h = module.num_attention_heads
     q, k, v = (_split_heads(proj(hidden_states), h) for proj in (module.q, module.k, module.v))
     out, probs = state.attention_fn(
@@ -499,15 +488,16 @@ def deberta_terms(module, hidden_states, query_states=None, relative_pos=None,
             (q.shape[-1] * factor) ** -0.5)
 
 
-def _deberta_forward(module, hidden_states, attention_mask, output_attentions=False,
-                     query_states=None, relative_pos=None, rel_embeddings=None):
+def _deberta_forward(state: AttentionPatchState, module, _stock, hidden_states, attention_mask,
+                     output_attentions=False, query_states=None, relative_pos=None,
+                     rel_embeddings=None):
     """DisentangledSelfAttention's scores (:func:`deberta_terms`): the c2p/p2c terms enter
     as the bias."""
-    state = module.__dict__[STATE_ATTR]
     q, k, v, bias, scaling = deberta_terms(module, hidden_states, query_states, relative_pos,
                                            rel_embeddings)
     if query_states is not None:  # the intensity predictor reads what the queries come from
-        state.call.hidden[state.call.current] = query_states
+        call = state.calls.current()
+        call.hidden[call.current] = query_states
     out, probs = state.attention_fn(
         module, q, k, v, attention_mask.bool(),
         dropout=module.dropout.p if module.training else 0.0, scaling=scaling, bias=bias,
@@ -626,20 +616,16 @@ def _register() -> None:
     AttentionMaskInterface.register(IMPL, sdpa_mask)  # both registrations, or masks are None
 
 
-def _start_forward(state: AttentionPatchState, mod, args, kwargs) -> None:
-    """Forward pre-hook on the model: new per-call data for this thread (the last forward's
-    losses and statistics are replaced, not cleared: a caller still holding the old list keeps
-    it), the 2-D mask, the position ids and whether attention weights are asked for."""
+def _start_forward(state: AttentionPatchState, call: PerCall, mod, args, kwargs) -> None:
+    """A forward of the model begins (``bracket_calls``): the 2-D mask, the position ids and
+    whether attention weights are asked for, in the new call (the last forward's losses and
+    statistics stay with that call: a caller still holding its list keeps it)."""
     if state.previous is not None and attn_implementation(mod.config) != state.impl:
         # ``set_attn_implementation`` after patching switched the method off without a word
         # (the stock back-end ran, patch_state still named the method): the user's choice
         # becomes the back-end ``unpatch`` restores, and the method keeps running
         state.previous = attn_implementation(mod.config)
         mod.set_attn_implementation(state.impl)
-    call = state.call
-    call.aux_losses, call.stats, call.hidden = [], {}, {}
-    call.calls = 0
-    call.layer_token_mask = None
     m = kwargs.get("attention_mask")
     call.token_mask = m.bool() if isinstance(m, torch.Tensor) and m.dim() == 2 else None
     # generate() gives left-padded rows position_ids that start at their first real token
@@ -656,7 +642,7 @@ def _enter_layer(state: AttentionPatchState, i: int, needs_hidden: bool, _mod, a
     """Forward pre-hook on attention module ``i``: which layer runs now (for a shared module,
     the next one in call order, modulo the depth in case a caller skipped the model's own
     forward) and, for methods that read it, its input hidden states."""
-    call = state.call
+    call = state.calls.current()
     if state.shared:
         call.current = call.calls % state.n_layers
         call.calls += 1
@@ -671,7 +657,7 @@ def _penalise(state: AttentionPatchState, _mod, _inp, out) -> None:
     if state.enabled:
         if state.family.ffn_first_half:
             out = out.chunk(2, dim=-1)[0]
-        call = state.call
+        call = state.calls.current()
         mask = call.layer_token_mask if state.derive_token_mask else call.token_mask
         call.aux_losses.append(state.modules.ffn_term(out, mask))
 
@@ -716,13 +702,10 @@ def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPa
     for m in attn:
         m.__dict__[STATE_ATTR] = state  # plain attribute: not a submodule, not saved
         if adapter is not None:
-            # a partial over a module-level function, not a bound method: it pickles (by the
-            # function's name), and a deep copy rebinds it to the copied module
-            m.forward = partial(adapter, m)
+            replace_forward(m, adapter, state, m)
     weights_configs(model, attn)
     add_method_module(model, method)  # METHOD_ATTR, or a free variant when stacked
-    state.handles.append(model.register_forward_pre_hook(partial(_start_forward, state),
-                                                         with_kwargs=True))
+    state.handles += bracket_calls(model, state, state.calls, _start_forward)
     for i, m in enumerate(attn):
         state.handles.append(m.register_forward_pre_hook(
             partial(_enter_layer, state, i, bool(method.needs_hidden)), with_kwargs=True))

@@ -119,13 +119,19 @@ from torch import Tensor, nn
 from transformers.utils import ModelOutput
 
 from attnprune.hosts import (
+    CallData,
+    Calls,
+    LastCall,
     PatchState,
     add_method_module,
+    bracket_calls,
     check_attn_implementation,
     refuse_output_flags,
     register_host,
     remove_method_module,
     remove_state_hooks,
+    replace_forward,
+    restore_forward,
 )
 from attnprune.hosts.compat import sdpa_logsumexp
 from attnprune.methods import registry
@@ -298,32 +304,32 @@ def _key_mask(mask4d: Tensor | None, B: int, L: int, device) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- the state
-class _Call:
-    """One forward's own data: what the hooks capture and the loop reads back within the same
-    call. It lives on the thread that runs the forward (``state._local.call``), never on the
-    shared state, so one patched model serves several threads (a web server's pool): two
-    concurrent calls never read each other's labels, token ids, q/k projections or tables."""
+class _Call(CallData):
+    """One forward's own data (:class:`attnprune.hosts.Calls`): what the hooks capture and the
+    loop reads back within the call, and what it leaves for its caller (``kept_mask``,
+    ``aux_losses``, ``stats``). Per call and thread, never on the shared state, so one patched
+    model serves several threads (a web server's pool) and forwards run inside its own forward
+    (a teacher pass in a hook): no call reads another's labels, token ids, q/k projections or
+    tables."""
 
-    def __init__(self, labels: Tensor | None = None, inputs: tuple | None = None,
-                 rank: Callable[[Tensor, Tensor], Tensor] | None = None) -> None:
-        self.labels = labels  # the sequence labels of this forward (training losses)
-        self.rank = rank  # loss on the first cut's scores (attnprune.train.rank_distill)
-        self.inputs = inputs  # (input_ids, token_type_ids), to find the separators
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept_mask: Tensor | None = None  # (B, L): the positions the last layer computed
+        self.scorer_time_s = self.select_time_s = self.gather_time_s = 0.0
+        self.release()
+
+    def release(self) -> None:
+        """Drop what only the encoder loop reads (at its end: a finished call stays readable
+        by its caller until the thread's next one, and need not hold tables and masks)."""
+        self.labels: Tensor | None = None  # the sequence labels of this forward (training losses)
+        self.rank: Callable[[Tensor, Tensor], Tensor] | None = None  # HFEncoderState.set_rank_loss
+        self.inputs: tuple | None = None  # (input_ids, token_type_ids), to find the separators
         self.want: nn.Module | None = None  # the query linear whose layer is being scored
         self.captured: dict[str, Tensor] = {}  # its q and k projections
         self.family_cache: dict = {}  # per-forward tables of the family (hf_encoder_families)
         self.family_index: Tensor | None = None
         self.family_positions: Tensor | None = None
         self.soft_bias: Tensor | None = None  # the layers' mask when it is the soft log-mask bias
-        self.aux_losses: list[Tensor] = []
-        self.scorer_time_s = self.select_time_s = self.gather_time_s = 0.0
-
-
-def _of_the_call(name: str) -> property:
-    """A state attribute that reads and writes the running call's ``name`` (:class:`_Call`)."""
-    return property(lambda state: getattr(state.call(), name),
-                    lambda state, value: setattr(state.call(), name, value),
-                    doc=f"the running call's ``{name}``")
 
 
 class HFEncoderState(PatchState):
@@ -335,8 +341,9 @@ class HFEncoderState(PatchState):
     (Σ_l kept_l / (n_layers · real_tokens): the share of token-layer work done).
     ``kept_per_layer`` and ``padded_per_layer`` are summed over row groups when bucketing.
     On the sync-free path (:func:`sync_free`) the counts stay on the device until ``stats`` is
-    read (:class:`LazyStats`); under ``torch.compile`` / export ``stats`` is empty. With
-    several threads, ``stats`` and ``aux_losses`` are those of the call that finished last.
+    read (:class:`LazyStats`); under ``torch.compile`` / export ``stats`` is empty.
+    ``stats``, ``aux_losses`` and ``kept_mask`` are those of the calling thread's last forward
+    (``calls``, :class:`attnprune.hosts.Calls`; empty before any).
     ``enabled = False`` runs the stock encoder (used to time the full model in one process);
     ``bucket_rows`` may be switched between forwards.
     """
@@ -345,6 +352,7 @@ class HFEncoderState(PatchState):
                  schedule: tuple[float, ...], keep_ratio: float, config, family: str,
                  output: str, soft_mode: str, bucket_rows: bool = True,
                  sync_free: bool | None = None) -> None:
+        self.calls = Calls(_Call)  # before PatchState's __init__, which sets aux_losses and stats
         super().__init__(method, module)
         self.encoder = encoder
         self.layers = layers
@@ -361,7 +369,7 @@ class HFEncoderState(PatchState):
         self.protect_ids: tuple[int, ...] = ()  # token ids kept like CLS (separators)
         self._protect_tensors: dict = {}  # protect_ids as a tensor per device (no copy per call)
         self._handles: list = []
-        self._local = threading.local()  # .call: the running forward's _Call, per thread
+        self._rank: dict = {}  # thread id → the rank loss of its next forward (set_rank_loss)
 
     @property
     def anatomy(self):
@@ -379,35 +387,27 @@ class HFEncoderState(PatchState):
     def anatomy(self, value) -> None:
         self.__dict__["_anatomy"] = value
 
-    # -- per-call data (on the calling thread) --------------------------------------------
-    @property
-    def kept_mask(self) -> Tensor | None:
+    # -- per-call data: the calling thread's last forward's ----------------------------------
+    aux_losses = LastCall()
+    stats = LastCall()
+    kept_mask = LastCall(
         """(B, L) bool of the last forward on this thread: True at the positions the last
         layer computed (the kept tokens: their states in ``last_hidden_state`` are the pruned
         model's output); False at padding and at dropped tokens, whose scattered states are
         the ones of the layer that dropped them. Every real token at keep ratio 1 or with
         ``enabled = False``. The model's output carries the same tensor as ``.kept_mask``
         (a ``ModelOutput``; not with ``return_dict=False``). None before any forward.
-        Per thread: two threads serving one model each read their own call's."""
-        return getattr(self._local, "kept_mask", None)
+        Per thread: two threads serving one model each read their own call's.""")
 
-    @kept_mask.setter
-    def kept_mask(self, value: Tensor | None) -> None:
-        self._local.kept_mask = value
-
-    def call(self) -> _Call:
-        """The running forward's :class:`_Call` on this thread (a new one if none runs)."""
-        call = getattr(self._local, "call", None)
-        if call is None:
-            call = self._local.call = _Call()
-        return call
-
-    # The family anatomies (hf_encoder_families) read and write these as state attributes;
-    # they are the running call's.
-    family_cache = _of_the_call("family_cache")
-    family_index = _of_the_call("family_index")
-    family_positions = _of_the_call("family_positions")
-    soft_bias = _of_the_call("soft_bias")
+    def set_rank_loss(self, loss: Callable[[Tensor, Tensor], Tensor] | None) -> None:
+        """``loss(student (B, L), mask) -> Tensor`` for the calling thread's next forward
+        only, in training: added to its ``aux_losses`` at the first pruning layer, on the
+        scorer's token distribution there (ranking distillation,
+        :mod:`attnprune.train.rank_distill`). None withdraws it."""
+        if loss is None:
+            self._rank.pop(threading.get_ident(), None)
+        else:
+            self._rank[threading.get_ident()] = loss
 
     def mask4d(self, hidden: Tensor, attention_mask: Tensor):
         """The layers' mask for the uncut batch from a (B, L) padding mask, for a family's
@@ -428,24 +428,16 @@ class HFEncoderState(PatchState):
                                                           device=device)
         return t
 
-    # -- copies and pickles: a thread-local cannot be copied; each copy gets its own -------
+    # -- copies and pickles: no per-device tensors, no pending rank loss (a closure) --------
     def __getstate__(self) -> dict:
-        d = self.__dict__.copy()
-        d.pop("_local", None)
-        d["_protect_tensors"] = {}
-        return d
-
-    def __setstate__(self, d: dict) -> None:
-        self.__dict__.update(d)
-        self._local = threading.local()
+        return {**self.__dict__, "_protect_tensors": {}, "_rank": {}}
 
     def unpatch(self, model: nn.Module) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
         remove_state_hooks(model, self)
-        if "forward" in self.encoder.__dict__:
-            del self.encoder.forward
+        restore_forward(self.encoder)
         remove_method_module(model, self.modules)
 
     # -- attention probabilities for the scorer -------------------------------------------
@@ -676,20 +668,30 @@ class _Pass:
     cut: list = field(default_factory=list)
 
 
+def _encoder_forward(state: HFEncoderState, original, *args, **kwargs):
+    """The encoder's forward while patched (``replace_forward``): the family's own steps
+    around the pruned loop (``Anatomy.forward``), in the running call, the model's. An encoder
+    run without the model's entry (``model.base_model``, the encoder alone) gets a call of its
+    own, so it never reads another forward's data and its caller still reads its results."""
+    calls = state.calls
+    own = not calls.running()
+    call = calls.begin() if own else calls.current()
+    try:
+        wrap = state.anatomy.forward
+        if wrap is None:
+            return _pruned_forward(state, original, *args, **kwargs)
+        return wrap(state, _pruned_forward, original, *args, **kwargs)
+    finally:
+        call.release()
+        if own:
+            calls.end()
+
+
 def _pruned_forward(state: HFEncoderState, original, hidden_states, attention_mask=None,
                     *args, **kwargs):
-    """The replacement encoder forward, set on the encoder as
-    ``partial(_pruned_forward, state, original forward)``.
-
-    A partial, not a closure: ``copy.deepcopy`` (which ``torch.ao`` quantization calls) copies
-    a partial's arguments with the model's memo, so a copy's forward reaches the copy's state,
-    layers and original forward; a closure would be shared and run the original's layers.
-    """
-    call = state.call()
-    try:
-        return _run(state, call, original, hidden_states, attention_mask, *args, **kwargs)
-    finally:  # the call is over: a later call on this thread starts clean
-        state._local.call = None
+    """The pruned encoder loop in the running call (the ``inner`` of ``Anatomy.forward``)."""
+    return _run(state, state.calls.current(), original, hidden_states, attention_mask, *args,
+                **kwargs)
 
 
 def _run(state: HFEncoderState, call: _Call, original, hidden_states, attention_mask=None,
@@ -722,15 +724,12 @@ def _run(state: HFEncoderState, call: _Call, original, hidden_states, attention_
     index = torch.arange(L, device=mask.device).expand(B, L)  # original positions
     full = hidden_states if state.output == "scatter" else None
     ids, token_types = call.inputs or (None, None)
-    call.inputs = None  # one forward's: a later call without the model's hook must not read it
     special = state.protect_tensor(mask.device) if ids is not None else None
     protect = protect_special(mask, ids, token_types, () if special is None else special)
     hidden_states, _, kept_mask = _layers(state, run, 0, hidden_states, mask, attention_mask,
                                           index, full, protect=protect)
-    state._local.kept_mask = kept_mask  # this thread's last call (HFEncoderState.kept_mask)
-    state.aux_losses = call.aux_losses  # replaced whole: the last finished call's
+    call.kept_mask = kept_mask  # read by the caller (HFEncoderState.kept_mask, output.kept_mask)
     if static:  # the counts are data: a traced graph has no place for them
-        state.stats = {}
         return state.output_cls(last_hidden_state=hidden_states)
     times = {
         "attention_time_s": call.scorer_time_s,  # A⁽ˡ⁾ for the scorer
@@ -739,10 +738,10 @@ def _run(state: HFEncoderState, call: _Call, original, hidden_states, attention_
     }
     if free:  # counts stay on the device until read (host timers: launches only, on a GPU)
         kept, padded, real, cut = run.kept, run.padded, mask.sum(), run.cut
-        state.stats = LazyStats(lambda: _warn_cut(state, _stats(kept, padded, real, n, times,
-                                                                 cut)))
+        call.stats = LazyStats(lambda: _warn_cut(state, _stats(kept, padded, real, n, times,
+                                                                cut)))
     else:
-        state.stats = _stats(run.kept, run.padded, mask.sum(), n, times)
+        call.stats = _stats(run.kept, run.padded, mask.sum(), n, times)
     return state.output_cls(last_hidden_state=hidden_states)
 
 
@@ -1102,44 +1101,27 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
         for q_lin, k_lin in dict.fromkeys(qk):  # once per module (ALBERT shares them)
             state._handles.append(q_lin.register_forward_hook(partial(_capture, state, "q", q_lin)))
             state._handles.append(k_lin.register_forward_hook(partial(_capture, state, "k", q_lin)))
-    # Hooks and the forward are partials over the state (see _pruned_forward): deep copies of
-    # the model get their own.
-    state._handles.append(model.register_forward_pre_hook(partial(_grab_labels, state),
-                                                          with_kwargs=True))
+    # Hooks and the forward are partials over the state (``replace_forward``): deep copies of
+    # the model get their own. The kept mask's hook first: it runs before the call ends.
     state._handles.append(model.register_forward_hook(partial(_attach_kept_mask, state),
                                                       with_kwargs=True))
-    # always_call: the call ends also when the forward raises (a hook's try/finally), so a
-    # later forward that skips the pre-hook (model.base_model) never reads this one's ids
-    state._handles.append(model.register_forward_hook(partial(_end_call, state),
-                                                      always_call=True))
-    if state.anatomy.forward is None:
-        encoder.forward = partial(_pruned_forward, state, encoder.forward)
-    else:  # the family's own steps around the loop (hf_encoder_families.Anatomy.forward)
-        encoder.forward = partial(state.anatomy.forward, state, _pruned_forward, encoder.forward)
+    state._handles += bracket_calls(model, state, state.calls, _begin_call)
+    replace_forward(encoder, _encoder_forward, state)
     return state
 
 
-def _grab_labels(state: HFEncoderState, module, args, kwargs) -> None:
-    """Forward pre-hook on the model: starts this forward's :class:`_Call` on the calling
-    thread with its labels (for methods that read them) and its token ids and segment ids (to
-    find the separators: the encoder sees only embeddings); refuses output flags the pruned
-    loop cannot honour."""
+def _begin_call(state: HFEncoderState, call: _Call, module, args, kwargs) -> None:
+    """A forward of the model begins (``bracket_calls``): its labels (for methods that read
+    them), its token ids and segment ids (to find the separators: the encoder sees only
+    embeddings) and the rank loss set for it; refuses output flags the pruned loop cannot
+    honour."""
     if state.enabled and any(r < 1.0 for r in state.schedule):
         refuse_output_flags(module.config, kwargs, "hf_encoder")
-    state._local.kept_mask = None  # this call's, set by the loop or by _attach_kept_mask
     ids = kwargs.get("input_ids", args[0] if args else None)
-    rank = getattr(state._local, "pending_rank", None)
-    state._local.pending_rank = None  # rank_target's loss is for the next forward only
-    state._local.call = _Call(labels=kwargs.get("labels"),
-                              inputs=(ids if isinstance(ids, Tensor) else None,
-                                      kwargs.get("token_type_ids")),
-                              rank=rank)
-
-
-def _end_call(state: HFEncoderState, module, args, output) -> None:
-    """Forward hook on the model (``always_call``: also when the forward raised): the call's
-    data never outlives the call."""
-    state._local.call = None
+    call.labels = kwargs.get("labels")
+    call.inputs = (ids if isinstance(ids, Tensor) else None, kwargs.get("token_type_ids"))
+    if state._rank:
+        call.rank = state._rank.pop(threading.get_ident(), None)  # the next forward only
 
 
 def _attach_kept_mask(state: HFEncoderState, module, args, kwargs, output) -> None:
@@ -1147,7 +1129,8 @@ def _attach_kept_mask(state: HFEncoderState, module, args, kwargs, output) -> No
     an attribute, not a key: the output's tuple form and its keys stay the stock ones). A
     forward that ran no pruned loop (``enabled = False``, ModernBERT's stock path) keeps
     every real token: the mask is then the caller's padding mask."""
-    kept = getattr(state._local, "kept_mask", None)
+    call = state.calls.current()
+    kept = call.kept_mask
     if kept is None:
         ids = kwargs.get("input_ids", args[0] if args else None)
         embeds = kwargs.get("inputs_embeds")
@@ -1157,7 +1140,7 @@ def _attach_kept_mask(state: HFEncoderState, module, args, kwargs, output) -> No
             kept = given.bool()
         elif isinstance(ref, Tensor) and given is None:
             kept = torch.ones(ref.shape[:2], dtype=torch.bool, device=ref.device)
-        state._local.kept_mask = kept
+        call.kept_mask = kept
     if kept is not None and isinstance(output, ModelOutput):
         object.__setattr__(output, "kept_mask", kept)
 
@@ -1191,6 +1174,7 @@ def _auto_output(model: nn.Module) -> str:
 def _capture(state: HFEncoderState, name: str, owner_q: nn.Module, module, args, output) -> None:
     """Forward hook storing the output of a query/key linear in the running call when its
     layer is being scored (the call of the thread that runs the forward)."""
-    call = getattr(state._local, "call", None)
-    if state.enabled and call is not None and call.want is owner_q:
-        call.captured[name] = output
+    if state.enabled:
+        call = state.calls.current()
+        if call.want is owner_q:
+            call.captured[name] = output

@@ -63,7 +63,7 @@ class Anatomy:
 
 def _cached(state, key: str, ident: tuple, make: Callable):
     """``make()`` once per ``ident`` (tensors compared by identity) within one forward."""
-    cache = state.family_cache
+    cache = state.calls.current().family_cache
     hit = cache.get(key)
     if hit is not None and len(hit[0]) == len(ident) and all(a is b for a, b in zip(hit[0], ident)):
         return hit[1]
@@ -130,7 +130,7 @@ def _mpnet_forward(state, inner, original, hidden_states, attention_mask=None, *
     the host calls the layers itself and returns the last states only."""
     if not state.enabled:
         return inner(state, original, hidden_states, attention_mask, **kwargs)
-    state.family_cache = {}
+    state.calls.current().family_cache = {}
     return inner(state, original, hidden_states, attention_mask)
 
 
@@ -146,13 +146,13 @@ def _mpnet_bias(state, index: Tensor) -> Tensor:
 
 
 def _mpnet_call(state, i, hidden, mask4d, index):
-    state.family_index = index
+    state.calls.current().family_index = index
     bias = _cached(state, "bias", (index,), lambda: _mpnet_bias(state, index))
     return state.layers[i](hidden, mask4d, bias)[0]
 
 
 def _mpnet_scores(state, i, q, k):
-    index = state.family_index
+    index = state.calls.current().family_index
     return q, k, _cached(state, "bias", (index,), lambda: _mpnet_bias(state, index))
 
 
@@ -185,7 +185,7 @@ def _deberta_forward(state, inner, original, hidden_states, attention_mask,
                          "mask and no query_states / relative_pos of the caller")
     from transformers.modeling_outputs import BaseModelOutput
 
-    state.family_cache = {}
+    state.calls.current().family_cache = {}
     mask4d = state.mask4d(hidden_states, attention_mask)
     h = inner(state, original, hidden_states, mask4d).last_hidden_state
     return BaseModelOutput(last_hidden_state=h, hidden_states=(h,))
@@ -199,13 +199,13 @@ def _deberta_tables(state, hidden, mask4d, index):
     ``build_relative_position``. Before any gather they are the stock (1, K, K); after one they
     differ per row, and ``disentangled_attention_bias`` (which indexes a (B·H, K, ·) layout)
     takes them as (1, b·H, K, K). The soft bias: ``mask4d`` itself when it is the host's
-    additive log-mask (training, ``soft_mode="bias"``: ``state.soft_bias``), not a hard 0 / −∞
+    additive log-mask (training, ``soft_mode="bias"``: the call's ``soft_bias``), not a hard 0 / −∞
     mask; told by identity, never by reading its values (the sync-free path reads nothing)."""
     from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
 
     enc = state.encoder
     b, k = hidden.shape[:2]
-    soft = mask4d if mask4d is not None and mask4d is state.soft_bias else None
+    soft = mask4d if mask4d is not None and mask4d is state.calls.current().soft_bias else None
     real = _key_mask(mask4d, b, k, hidden.device).long()  # (b, K)
     att = enc.get_attention_mask(real)  # (b, 1, K, K): the stock outer product
     rel = None
@@ -244,7 +244,7 @@ def _deberta_soft_layer(layer, hidden, att, rel, rel_emb, soft):
 
 def _deberta_call(state, i, hidden, mask4d, index):
     enc = state.encoder
-    state.family_index = index
+    state.calls.current().family_index = index
     att, rel, real, soft = _cached(state, "tables", (index, mask4d),
                                    lambda: _deberta_tables(state, hidden, mask4d, index))
     rel_emb = _cached(state, "rel_embeddings", (), enc.get_rel_embedding)
@@ -262,7 +262,7 @@ def _deberta_scores(state, i, q, k):
     f^-½ (the host applies dh^-½) and the position terms come from the module's own
     ``disentangled_attention_bias`` on the tables the layer used."""
     att_mod = state.layers[i].attention.self
-    tables = state.family_cache["tables"][1]
+    tables = state.calls.current().family_cache["tables"][1]
     factor = 1 + sum(t in att_mod.pos_att_type for t in ("c2p", "p2c"))
     extra = None
     if att_mod.relative_attention:
@@ -302,8 +302,9 @@ def _modernbert_forward(state, inner, original, input_ids=None, attention_mask=N
 
     base = state.encoder
     hidden = base.embeddings(input_ids=input_ids, inputs_embeds=inputs_embeds)
-    state.family_cache = {}
-    state.family_positions = None if position_ids is None else position_ids[0]
+    call = state.calls.current()
+    call.family_cache = {}
+    call.family_positions = None if position_ids is None else position_ids[0]
     mask4d = state.mask4d(hidden, attention_mask)
     h = inner(state, original, hidden, mask4d).last_hidden_state
     return BaseModelOutput(last_hidden_state=base.final_norm(h))
@@ -312,8 +313,9 @@ def _modernbert_forward(state, inner, original, input_ids=None, attention_mask=N
 def _modernbert_rope(state, hidden, index, layer_type):
     """(cos, sin) (b|1, K, dh) at the tokens' original positions."""
     pos = _shared(index)
-    if state.family_positions is not None:
-        pos = state.family_positions[pos]
+    positions = state.calls.current().family_positions
+    if positions is not None:
+        pos = positions[pos]
     return state.encoder.rotary_emb(hidden, pos, layer_type)
 
 
@@ -340,7 +342,7 @@ def _modernbert_local_mask(state, mask4d, index, dtype):
 def _modernbert_call(state, i, hidden, mask4d, index):
     layer = state.layers[i]
     kind = layer.attention_type
-    state.family_index = index
+    state.calls.current().family_index = index
     rope = _cached(state, "rope:" + kind, (index,),
                    lambda: _modernbert_rope(state, hidden, index, kind))
     if kind == "sliding_attention":
@@ -355,10 +357,11 @@ def _modernbert_scores(state, i, q, k):
     from transformers.models.modernbert.modeling_modernbert import apply_rotary_pos_emb
 
     layer = state.layers[i]
-    index = state.family_index
+    call = state.calls.current()
+    index = call.family_index
     b, n, _ = q.shape
     qkv = q.view(b, n, 3, state.n_heads, -1)  # (B, K, 3, H, dh): Wqkv's layout
-    cos, sin = state.family_cache["rope:" + layer.attention_type][1]
+    cos, sin = call.family_cache["rope:" + layer.attention_type][1]
     qr, kr = apply_rotary_pos_emb(qkv[:, :, 0], qkv[:, :, 1], cos, sin, unsqueeze_dim=2)
     extra = None
     if layer.attention_type == "sliding_attention":

@@ -73,7 +73,7 @@ def first_cut(model: nn.Module) -> int:
 
     state = api.patch_state(model)
     schedule = getattr(state, "schedule", None)
-    if schedule is None or not hasattr(state, "_local"):
+    if schedule is None or not callable(getattr(state, "set_rank_loss", None)):
         raise ValueError("rank distillation needs an encoder patched with a token method "
                          "(attnprune.patch(model, 'attention_mass', ...))")
     if not getattr(state.modules, "needs_attention", False):
@@ -107,9 +107,9 @@ def rank_target(model: nn.Module, target: Tensor, weight: float):
                              "forward, for its own batch)")
         return weight * ranking_loss(student, target.to(student.device), mask)
 
-    local = api.patch_state(model)._local
-    local.pending_rank = loss
+    state = api.patch_state(model)
+    state.set_rank_loss(loss)
     try:
         yield
     finally:
-        local.pending_rank = None
+        state.set_rank_loss(None)

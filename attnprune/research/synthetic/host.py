@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnprune.hosts import PatchState, register_host
+from attnprune.hosts import Calls, LastCall, PatchState, bracket_calls, register_host
 from attnprune.methods import registry
 from attnprune.selection import check_keep_ratio, gather_tokens, row_groups
 
@@ -244,9 +244,10 @@ class TinyEncoder(nn.Module):
             pooled = self._attend_pool(h, h_mask, pool_w)  # (B, d)
         logits = self.classifier(pooled)  # (B, C)
         state = getattr(self, "_attnprune", None)  # set by attnprune.patch (the contract)
-        if state is not None:
-            state.aux_losses = [] if aux is None else [aux]
-            state.stats = {"kept": keep.sum(1).detach()}
+        if state is not None:  # this forward's call (TinyPatchState.calls)
+            call = state.calls.current()
+            call.aux_losses = [] if aux is None else [aux]
+            call.stats = {"kept": keep.sum(1).detach()}
         return TinyOutput(logits, keep, aux, scores, probs, a1)
 
     def _attend_pool(self, h: Tensor, h_mask: Tensor, pool_w: Tensor) -> Tensor:
@@ -265,13 +266,23 @@ class TinyEncoder(nn.Module):
 
 # ----------------------------------------------------------------------------- attnprune.patch
 class TinyPatchState(PatchState):
-    """What :func:`patch_tiny` changed: the gate and the config, restored by ``unpatch``."""
+    """What :func:`patch_tiny` changed: the gate, the config and the hooks that bracket each
+    forward's call (``aux_losses`` and ``stats`` are the calling thread's last forward's),
+    undone by ``unpatch``."""
+
+    aux_losses = LastCall()
+    stats = LastCall()
 
     def __init__(self, method: str, gate: nn.Module, old_gate, old_cfg: TinyConfig) -> None:
+        self.calls = Calls()  # before PatchState's __init__, which sets aux_losses and stats
         super().__init__(method, gate)
         self._old = (old_gate, old_cfg)
+        self.handles: list = []
 
     def unpatch(self, model: nn.Module) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
         model.gate, model.cfg = self._old
 
 
@@ -288,6 +299,7 @@ def patch_tiny(model: TinyEncoder, spec, keep_ratio: float = 0.5, after_layer: i
     context = {"d_model": cfg.d_model, "n_classes": cfg.n_classes, "n_layers": 2, "n_heads": 1}
     gate = registry.create(spec.name, context=context, **options)
     state = TinyPatchState(spec.name, gate, model.gate, cfg)
+    state.handles = bracket_calls(model, state, state.calls)
     model.gate = gate
     model.cfg = TinyConfig(cfg.vocab, cfg.d_model, cfg.n_classes, spec.name, keep_ratio,
                            cfg.residual, dict(options), bucket_rows=cfg.bucket_rows)
