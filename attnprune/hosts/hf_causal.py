@@ -66,8 +66,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache, GPT2Model
-from transformers.masking_utils import create_causal_mask
-from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
 from attnprune.hosts import (
     PatchState,
@@ -76,7 +74,11 @@ from attnprune.hosts import (
     register_host,
     remove_state_hooks,
 )
-from attnprune.hosts.compat import children_dict
+from attnprune.hosts.compat import (
+    BaseModelOutputWithPastAndCrossAttentions,
+    children_dict,
+    create_causal_mask,
+)
 from attnprune.methods import registry
 from attnprune.selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
 

@@ -116,7 +116,6 @@ from functools import partial
 
 import torch
 from torch import Tensor, nn
-from transformers.utils import ModelOutput
 
 from attnprune.hosts import (
     PatchState,
@@ -127,7 +126,7 @@ from attnprune.hosts import (
     remove_method_module,
     remove_state_hooks,
 )
-from attnprune.hosts.compat import sdpa_logsumexp
+from attnprune.hosts.compat import ModelOutput, sdpa_logsumexp
 from attnprune.methods import registry
 from attnprune.methods.base import protect_first, protect_special
 from attnprune.selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
@@ -1002,7 +1001,7 @@ def _bidirectional(state: HFEncoderState, hidden: Tensor, mask: Tensor, skip: bo
     model's attention implementation expects (None, bool or float). ``skip=False`` always
     builds the mask: the helper's "no padding, no mask" shortcut reads the mask back from
     the device (``mask.all()``), which the sync-free path must not do."""
-    from transformers.masking_utils import create_bidirectional_mask
+    from attnprune.hosts.compat import create_bidirectional_mask
 
     extra = {} if skip else {"allow_is_bidirectional_skip": False}
     return create_bidirectional_mask(config=state.config, inputs_embeds=hidden,
@@ -1091,7 +1090,7 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     state.scorer_queries = scorer_queries
     state.scorer_kernel = scorer_kernel
     state.protect_ids = protect_ids
-    from transformers.modeling_outputs import (
+    from attnprune.hosts.compat import (
         BaseModelOutput,
         BaseModelOutputWithPastAndCrossAttentions,
     )

@@ -44,9 +44,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from attnprune.hosts import register_host
+from attnprune.hosts.compat import BaseModelOutputWithPast
 from attnprune.hosts.hf_causal import (
     CausalBlockLoop,
     CausalPatchState,
