@@ -80,18 +80,21 @@ from attnprune.hosts.compat import (
     create_causal_mask,
 )
 from attnprune.methods import registry
-from attnprune.selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
+from attnprune.selection import (
+    check_keep_ratio,
+    gather_tokens,
+    group_overhead_slots,
+    row_groups,
+    scatter_tokens,
+)
 
 __all__ = ["CausalPatchState", "PrunedGPT2Model", "causal_methods"]
 
 _ALIASES = {"ltp": "ltp_causal"}  # the encoder LTP owns the name "ltp"; here it means ltp_causal
 _KEYS_ATTR = "_attnprune_keys"  # per-block 2D key-validity masks stored on a KV cache
-# Cost of one more group of rows, in token slots per block (see row_groups). On the cpu-small
-# GPT-2 (d = 128, 1 thread) a block call costs ≈ 200 µs + 8.3 µs per token slot, i.e. ≈ 24
-# slots fixed, plus the group's slicing and write-back; c = 32 gave the lowest wall time of
-# c ∈ {0, 4, 8, 16, 32, 64} at batch 8. Wider models pay more per slot, so for them it errs
-# towards fewer groups (FLOPs alone would want c = 0: one group per distinct count).
-GROUP_OVERHEAD_TOKENS = 32
+# A fixed cost of one more group of rows in token slots (see row_groups); None: the measured
+# model, selection.group_overhead_slots(d, block="gpt2") (tests set a small one).
+GROUP_OVERHEAD_TOKENS: float | None = None
 
 # transformers 5.24 renamed the cache argument of every model, layer and mask function from
 # ``past_key_values`` to ``cache`` (the old name is mapped, with a warning, until 5.40): the
@@ -360,7 +363,9 @@ class PrunedGPT2Model(CausalBlockLoop, GPT2Model):
         return self.h
 
     def _attnprune_group_overhead(self, width: int) -> float:
-        return GROUP_OVERHEAD_TOKENS
+        if GROUP_OVERHEAD_TOKENS is not None:
+            return GROUP_OVERHEAD_TOKENS
+        return group_overhead_slots(width, block="gpt2")
 
     def _attnprune_call(self, run: _Pass, l: int, block: nn.Module, h: Tensor, index: Tensor,
                         mask) -> Tensor:

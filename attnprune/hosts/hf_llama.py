@@ -55,6 +55,7 @@ from attnprune.hosts.hf_causal import (
     cache_kwargs,
     patch_causal,
 )
+from attnprune.selection import group_overhead_slots
 
 __all__ = ["FAMILIES", "REFUSED", "DecoderFamily", "PrunedDecoder", "family_of"]
 
@@ -126,15 +127,9 @@ def sliding_window(config, family: DecoderFamily) -> int | None:
     return w if family.window == "sliding_window" else None
 
 
-# Row bucketing's cost of one more group (``selection.row_groups``), in token slots per block,
-# for a block of width 128; wider blocks cost more per slot, so the fixed cost is worth fewer
-# slots: c = ROTARY_GROUP_OVERHEAD_TOKENS · (128 / d)². Measured on the cpu-small Llama (d = 128,
-# 1 thread, batch 8, 64 validation windows, LTP keeping 0.44 / 0.39 in blocks 2–3, medians of
-# 15 interleaved rounds): wall time vs full 0.94 at c = 32, 0.87 at c = 128 and 512, 0.86 with
-# no bucketing (counted FLOPs 0.711 / 0.733 / 0.733). A rotary block call costs ≈ 240 µs fixed
-# + 4.5 µs per token slot there, and a group also repeats the later decisions, gathers and
-# write-backs: at this width splitting a batch of 8 rows never pays.
-ROTARY_GROUP_OVERHEAD_TOKENS = 512.0
+# A fixed cost of one more group of rows in token slots (see selection.row_groups); None: the
+# measured model, selection.group_overhead_slots(d, block="rotary") (tests set their own).
+ROTARY_GROUP_OVERHEAD_TOKENS: float | None = None
 
 
 class PrunedDecoder(CausalBlockLoop):
@@ -145,7 +140,9 @@ class PrunedDecoder(CausalBlockLoop):
         return self.layers
 
     def _attnprune_group_overhead(self, width: int) -> float:
-        return ROTARY_GROUP_OVERHEAD_TOKENS * (128.0 / width) ** 2
+        if ROTARY_GROUP_OVERHEAD_TOKENS is not None:
+            return ROTARY_GROUP_OVERHEAD_TOKENS
+        return group_overhead_slots(width, block="rotary")
 
     def _attnprune_call(self, run: _Pass, l: int, block: nn.Module, h: Tensor, index: Tensor,
                         mask) -> Tensor:
