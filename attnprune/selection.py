@@ -222,7 +222,7 @@ def gumbel_sigmoid(logits: Tensor, tau: float, training: bool, generator=None) -
 
 # group_overhead_slots' model per block kind: (C, p), c = threads · C · (128 / d)^p (see its
 # docstring; ``python scripts/group_overhead.py`` measures them).
-GROUP_OVERHEAD_MODEL = {"encoder": (120.0, 1.5), "gpt2": (32.0, 1.5), "rotary": (128.0, 1.5),
+GROUP_OVERHEAD_MODEL = {"encoder": (120.0, 1.5), "gpt2": (256.0, 1.5), "rotary": (512.0, 1.5),
                         "attention": (60.0, 0.7)}
 
 
@@ -238,11 +238,13 @@ def group_overhead_slots(d_model: int, threads: int | None = None, block: str = 
     cost is mostly the K·d of the scores, not the projections). ``block``:
     "encoder" (a BERT-like layer), "gpt2", "rotary" (a Llama-like block; its host also
     repeats the later decisions and the rotary gathers per group), "attention" (the
-    synthetic track's single-head attention). Measured on a 2-core x86 CPU by
-    ``python scripts/group_overhead.py`` (block calls at d ∈ {64, …, 384}, fit t = a + s·slots,
-    c = a / s); C at d = 128 also matches the hosts' end-to-end wall-time sweeps (c
-    against wall time on MiniLM-L6, the cpu-small GPT-2 and Llama). ``threads`` defaults to
-    torch's current count.
+    synthetic track's single-head attention). Measured on a 2-core x86 CPU:
+    ``python scripts/group_overhead.py`` times block calls at d ∈ {64, …, 384} (fit
+    t = a + s·slots, c = a / s), which gives p and, for the encoder and the attention, C. The
+    causal hosts repeat per group the later decisions, key masks and gathers: their C is from
+    end-to-end wall time against c (``scripts/bench_group_overhead.py``; at batch 8 and
+    d = 128 the block alone says c ≈ 33 (GPT-2) / 80 (rotary), the whole forward is fastest
+    at c ≥ 128 / 512). ``threads`` defaults to torch's current count.
     """
     if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
         raise ValueError(f"d_model must be a positive int, got {d_model!r}")

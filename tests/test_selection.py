@@ -143,12 +143,12 @@ def test_gather_scatter_equal_reference(shape):
 
 def test_group_overhead_slots_model():
     """c = threads · C · (128/d)^p: the hosts' measured points (MiniLM d = 384 ≈ 24
-    per thread, cpu-small GPT-2 32, Llama at d = 128 in the flat 128–512 region, the synthetic
+    per thread, the cpu-small GPT-2 and Llama (d = 128) where end-to-end wall time is lowest, the synthetic
     attention at d = 64 between the old 64 and the measured 119), falling with the width,
     linear in the threads."""
     assert 20 < group_overhead_slots(384, 1, "encoder") < 28
-    assert group_overhead_slots(128, 1, "gpt2") == 32
-    assert 128 <= group_overhead_slots(128, 1, "rotary") <= 512
+    assert 128 <= group_overhead_slots(128, 1, "gpt2") <= 512
+    assert group_overhead_slots(128, 1, "rotary") == 512
     assert 64 < group_overhead_slots(64, 1, "attention") < 119
     for block in ("encoder", "gpt2", "rotary", "attention"):
         cs = [group_overhead_slots(d, 1, block) for d in (64, 128, 384, 768, 4096)]
