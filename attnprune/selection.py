@@ -222,7 +222,7 @@ def gumbel_sigmoid(logits: Tensor, tau: float, training: bool, generator=None) -
 
 # group_overhead_slots' model per block kind: (C, p), c = threads · C · (128 / d)^p (see its
 # docstring; ``python scripts/group_overhead.py`` measures them).
-GROUP_OVERHEAD_MODEL = {"encoder": (120.0, 1.5), "gpt2": (256.0, 1.5), "rotary": (512.0, 1.5),
+GROUP_OVERHEAD_MODEL = {"encoder": (80.0, 1.0), "gpt2": (256.0, 1.5), "rotary": (512.0, 1.5),
                         "attention": (60.0, 0.7)}
 
 
@@ -233,9 +233,9 @@ def group_overhead_slots(d_model: int, threads: int | None = None, block: str = 
     c = threads · C · (128 / d)^p, (C, p) = ``GROUP_OVERHEAD_MODEL[block]``. A group costs
     every block it runs a fixed time (kernel launches and dispatch, the weights read once more,
     the group's slicing and write-back) that a second thread does not shrink, against a
-    per-slot time that grows with d and that a second thread halves: ≈ d^1.5 for blocks with
-    an FFN (d² FLOPs, small matmuls below peak), ≈ d^0.7 for the bare attention (its per-slot
-    cost is mostly the K·d of the scores, not the projections). ``block``:
+    per-slot time that grows with d and that a second thread halves: ≈ d^1–d^1.5 for blocks
+    with an FFN (d² FLOPs, small matmuls below peak), ≈ d^0.7 for the bare attention (its
+    per-slot cost is mostly the K·d of the scores, not the projections). ``block``:
     "encoder" (a BERT-like layer), "gpt2", "rotary" (a Llama-like block; its host also
     repeats the later decisions and the rotary gathers per group), "attention" (the
     synthetic track's single-head attention). Measured on a 2-core x86 CPU:
