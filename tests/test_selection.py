@@ -142,11 +142,11 @@ def test_gather_scatter_equal_reference(shape):
 
 
 def test_group_overhead_slots_model():
-    """c = threads · C · (128/d)^p: the hosts' measured points (MiniLM d = 384 ≈ 24
-    per thread, the cpu-small GPT-2 and Llama (d = 128) where end-to-end wall time is lowest, the synthetic
+    """c = threads · C · (128/d)^p: the hosts' measured points (MiniLM d = 384 near the old
+    24 per thread, the cpu-small GPT-2 and Llama (d = 128) where end-to-end wall time is lowest, the synthetic
     attention at d = 64 between the old 64 and the measured 119), falling with the width,
     linear in the threads."""
-    assert 20 < group_overhead_slots(384, 1, "encoder") < 28
+    assert 20 < group_overhead_slots(384, 1, "encoder") < 40  # old 24; flat to 48–96 on 2
     assert 128 <= group_overhead_slots(128, 1, "gpt2") <= 512
     assert group_overhead_slots(128, 1, "rotary") == 512
     assert 64 < group_overhead_slots(64, 1, "attention") < 119
