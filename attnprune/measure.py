@@ -19,14 +19,14 @@ import gc
 import statistics
 import time
 import tracemalloc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch.utils import flop_counter as fc
 
-__all__ = ["Timing", "count_flops", "env_info", "peak_memory", "time_fn", "time_interleaved"]
+__all__ = ["Timing", "count_flops", "effective_flops", "env_info", "peak_memory", "time_fn", "time_interleaved"]
 
 
 def _sdpa_cpu_mapping() -> dict:
@@ -74,6 +74,22 @@ def count_flops(fn: Callable[..., Any], *args, by_module: bool = False, **kwargs
         return total
     per = {name: int(sum(d.values())) for name, d in mode.get_flop_counts().items()}
     return total, per
+
+
+def effective_flops(per_layer: Sequence[float], kept_ratio: Sequence[float],
+                    total: float | None = None) -> float:
+    """Effective FLOPs (``token_pruning_bert_to_gpt2.txt``): Σ_l FLOPs_l · kept_ratio_l.
+
+    ``per_layer``: the full model's FLOPs of each layer (block); ``kept_ratio``: the fraction
+    of tokens each layer computes. With ``total`` (the full model's FLOPs), the layers' part of
+    it is replaced by their effective FLOPs (embeddings and head are never pruned):
+    total − Σ_l FLOPs_l + Σ_l FLOPs_l · kept_ratio_l.
+    """
+    if len(per_layer) != len(kept_ratio):
+        raise ValueError(f"kept_ratio has {len(kept_ratio)} entries for {len(per_layer)} "
+                         "layers in per_layer")
+    layers = sum(f * k for f, k in zip(per_layer, kept_ratio))
+    return layers if total is None else total - sum(per_layer) + layers
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ __all__ = [
     "check_keep_ratio",
     "entropy",
     "gather_tokens",
+    "group_overhead_slots",
     "gumbel_sigmoid",
     "row_groups",
     "scatter_tokens",
@@ -217,6 +218,47 @@ def gumbel_sigmoid(logits: Tensor, tau: float, training: bool, generator=None) -
         g = -torch.log(-torch.log(u))
         logits = logits + g.to(logits.dtype)
     return torch.sigmoid(logits / tau)
+
+
+# group_overhead_slots' model per block kind: (C, p), c = threads · C · (128 / d)^p (see its
+# docstring; ``python scripts/group_overhead.py`` measures them).
+GROUP_OVERHEAD_MODEL = {"encoder": (24.0, 0.0), "gpt2": (256.0, 1.5), "rotary": (512.0, 1.5),
+                        "attention": (60.0, 0.7)}
+
+
+def group_overhead_slots(d_model: int, threads: int | None = None, block: str = "encoder"
+                         ) -> float:
+    """c for :func:`row_groups`: one more group's cost in token slots per block, at width d.
+
+    c = threads · C · (128 / d)^p, (C, p) = ``GROUP_OVERHEAD_MODEL[block]``. A group costs
+    every block it runs a fixed time (kernel launches and dispatch, the weights read once more,
+    the group's slicing and write-back) that a second thread does not shrink, against a
+    per-slot time that grows with d and that a second thread halves: ≈ d^1–d^1.5 for blocks
+    with an FFN (d² FLOPs, small matmuls below peak), ≈ d^0.7 for the bare attention (its
+    per-slot cost is mostly the K·d of the scores, not the projections). ``block``:
+    "encoder" (a BERT-like layer), "gpt2", "rotary" (a Llama-like block; its host also
+    repeats the later decisions and the rotary gathers per group), "attention" (the
+    synthetic track's single-head attention). Measured on a 2-core x86 CPU:
+    ``python scripts/group_overhead.py`` times block calls at d ∈ {64, …, 384} (fit
+    t = a + s·slots, c = a / s), which gives p and, for the encoder and the attention, C. The
+    causal hosts repeat per group the later decisions, key masks and gathers: their C is from
+    end-to-end wall time against c (``scripts/bench_group_overhead.py``; at batch 8 and
+    d = 128 the block alone says c ≈ 33 (GPT-2) / 80 (rotary), the whole forward is fastest
+    at c ≥ 128 / 512). The encoder keeps p = 0 (c = 24 per thread at every width, its earlier
+    end-to-end tuning): width-dependent fits (C, p) = (80, 1) and (80, 0.75) ran 4–12 % slower
+    end to end than it on MiniLM (d = 384) and BERT-base (d = 768) with
+    ``scripts/bench_group_overhead.py`` on a loaded machine; a quiet re-measure may move it.
+    ``threads`` defaults to torch's current count.
+    """
+    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+        raise ValueError(f"d_model must be a positive int, got {d_model!r}")
+    t = torch.get_num_threads() if threads is None else threads
+    if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+        raise ValueError(f"threads must be a positive int, got {threads!r}")
+    if block not in GROUP_OVERHEAD_MODEL:
+        raise ValueError(f"block must be one of {sorted(GROUP_OVERHEAD_MODEL)}, got {block!r}")
+    c, p = GROUP_OVERHEAD_MODEL[block]
+    return t * c * (128.0 / d_model) ** p
 
 
 def row_groups(counts: Tensor, overhead: float = 32.0) -> list[Tensor]:

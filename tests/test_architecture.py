@@ -243,6 +243,44 @@ PRIVATE = re.compile(r"\._attn_implementation\b|[\"']_attn_implementation[\"']|\
                      r"\._forward_pre_hooks\b|\._modules\b|torch\.ops\.aten\._")
 
 
+def transformers_submodule_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of a transformers submodule in ``path`` (``from
+    transformers.x import y``, ``import transformers.x``); ``from transformers import y`` is
+    the public top level and passes."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        out += [(node.lineno, n) for n in names if n.startswith("transformers.")]
+    return out
+
+
+def test_transformers_submodules_imported_only_in_the_compat_module():
+    """transformers' submodules (masking_utils, modeling_outputs, integrations, models.*, …)
+    are private layout that moves between releases: only ``hosts/compat.py`` imports them
+    (lazy imports included), with the versions it was checked against."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel == "hosts/compat.py":
+            continue
+        found += [f"{rel}:{n}: {m}" for n, m in transformers_submodule_imports(path)]
+    assert found == []
+
+
+def test_compat_transformers_names_resolve():
+    """Every name compat re-exports from a transformers submodule exists in this release."""
+    from attnprune.hosts import compat
+
+    for name in compat._TRANSFORMERS:
+        assert getattr(compat, name) is not None, name
+    assert set(compat._TRANSFORMERS) <= set(compat.__all__)
+
+
 def test_private_torch_and_transformers_names_only_in_the_compat_module():
     """Private names (``config._attn_implementation``, ``module._forward_hooks`` /
     ``_forward_pre_hooks`` / ``_modules``, aten's ``_scaled_dot_product_*``) are reached through

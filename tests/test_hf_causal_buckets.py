@@ -17,6 +17,13 @@ from attnprune.selection import row_groups
 KEEP_IDS = 20  # decisive(): token ids < 20 are kept at every decision layer, the rest dropped
 
 
+@pytest.fixture
+def cpu_small_cost(monkeypatch):
+    """The group cost of the cpu-small GPT-2's width (c = 32): at the tiny test width
+    (d = 32) the measured model (selection.group_overhead_slots) keeps one group."""
+    monkeypatch.setattr(hf_causal, "GROUP_OVERHEAD_TOKENS", 32)
+
+
 def decisive(model) -> None:
     """Make LTP keep exactly the tokens with id < KEEP_IDS: their embeddings get +10·v, the
     others −10·v (v a zero-mean unit direction, so LN(h) ≈ ±v/std(v)), and I = σ(5·v·LN(h))."""
@@ -106,7 +113,7 @@ def test_row_groups_is_optimal(seed):
 
 # -- same outputs ----------------------------------------------------------------------------
 @pytest.mark.parametrize("padded", [False, True])
-def test_bucketed_equals_unbucketed_with_very_different_counts(padded):
+def test_bucketed_equals_unbucketed_with_very_different_counts(padded, cpu_small_cost):
     model = decisive_ltp()
     x = rows_keeping([1.0, 0.1, 0.5, 0.0, 0.75])  # row 3 loses every token at layer 1
     mask = torch.ones_like(x)
@@ -168,7 +175,7 @@ def test_equal_counts_run_as_one_batch():
 
 
 # -- fewer FLOPs -----------------------------------------------------------------------------
-def test_bucketing_counts_fewer_flops():
+def test_bucketing_counts_fewer_flops(cpu_small_cost):
     model = decisive_ltp()
     state = attnprune.patch_state(model)
     x = rows_keeping([1.0, 0.1, 0.5, 0.2])
@@ -229,7 +236,7 @@ def test_kv_cache_path_is_unaffected(method):
 
 
 # -- the option ----------------------------------------------------------------------------------
-def test_option_turns_bucketing_off():
+def test_option_turns_bucketing_off(cpu_small_cost):
     x = rows_keeping([1.0, 0.1, 0.5, 0.2])
     on = decisive_ltp()
     off = decisive_ltp(bucket_rows=False)
@@ -244,3 +251,19 @@ def test_bad_bucket_rows_names_the_field(bad):
     with pytest.raises(ValueError, match="bucket_rows"):
         attnprune.patch(model, "ltp", bucket_rows=bad)
     assert attnprune.patch_state(model) is None  # refused before the model was touched
+
+
+def test_default_group_cost_is_the_measured_model(monkeypatch):
+    """Without an override the host asks selection.group_overhead_slots(d, block="gpt2"): a
+    zero cost splits the rows, a huge one keeps one group."""
+    from attnprune import selection
+
+    model = tiny()
+    attnprune.patch(model, "ltp")
+    force_pruning(model)
+    x, mask = short_rows()
+    sizes = {}
+    for c in (0.0, 1e9):
+        monkeypatch.setitem(selection.GROUP_OVERHEAD_MODEL, "gpt2", (c, 1.5))
+        sizes[c] = batch_sizes(model, lambda: model(x, attention_mask=mask))
+    assert min(sizes[0.0]) < x.shape[0] and min(sizes[1e9]) == x.shape[0]

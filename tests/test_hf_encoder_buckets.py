@@ -182,9 +182,10 @@ def test_batch_of_one_is_not_split():
 
 # -- fewer FLOPs ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("method", ["ltp", "entropy_threshold"])
-def test_bucketing_counts_fewer_flops(method):
-    """With the module's own overhead constant: fewer counted FLOPs when counts differ, the
-    same count when they are equal (one group)."""
+def test_bucketing_counts_fewer_flops(method, monkeypatch):
+    """With MiniLM's group cost (c = 24; at this tiny width the measured model keeps one
+    group): fewer counted FLOPs when counts differ, the same count when they are equal."""
+    monkeypatch.setattr(hf_encoder, "GROUP_OVERHEAD_TOKENS", 24)
     model = patched("bert", method, keep_ratio=0.5, after_layer=1)
     state = attnprune.patch_state(model)
     ids, am = inputs(lengths=[120, 10, 80, 6, 100, 30], L=120)
@@ -256,14 +257,18 @@ def test_bad_bucket_rows_names_the_field(bad):
 
 
 def test_group_overhead_scales_with_threads(monkeypatch):
-    """c = GROUP_OVERHEAD_PER_THREAD · threads (a second thread halves the per-slot cost of a
-    layer call but not its fixed cost); a fixed GROUP_OVERHEAD_TOKENS overrides the rule."""
+    """c = selection.group_overhead_slots(d, block="encoder"), which grows with the threads (a
+    second thread halves the per-slot cost of a layer call but not its fixed cost); a fixed
+    GROUP_OVERHEAD_TOKENS overrides the model."""
+    from attnprune.selection import group_overhead_slots
+
     threads = torch.get_num_threads()
     try:
         for t in (1, 2):
             torch.set_num_threads(t)
-            assert hf_encoder.group_overhead_tokens() == hf_encoder.GROUP_OVERHEAD_PER_THREAD * t
+            assert hf_encoder.group_overhead_tokens(384) == group_overhead_slots(384, t, "encoder")
     finally:
         torch.set_num_threads(threads)
+    assert group_overhead_slots(384, 2, "encoder") == 2 * group_overhead_slots(384, 1, "encoder")
     monkeypatch.setattr(hf_encoder, "GROUP_OVERHEAD_TOKENS", 5)
-    assert hf_encoder.group_overhead_tokens() == 5
+    assert hf_encoder.group_overhead_tokens(384) == 5

@@ -180,3 +180,24 @@ def test_the_library_leaves_malloc_alone():
     from attnprune import measure
 
     assert not hasattr(measure, "return_freed_memory")
+
+
+def test_effective_flops_of_a_tiny_gpt2_by_hand():
+    """Σ_l FLOPs_l · kept_l on a 2-block GPT-2 (d = 8, V = 16, T = 4), counted by hand: a block
+    is 24·T·d² (the linears) + 4·T²·d (QKᵀ and AV, the counter does not halve causal) = 6656,
+    the head 2·T·d·V = 1024; keeping all of block 0 and half of block 1 leaves
+    1024 + 6656 + 3328 = 11008."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from attnprune.measure import effective_flops
+
+    cfg = GPT2Config(n_layer=2, n_embd=8, n_head=2, vocab_size=16, n_positions=8,
+                     bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(cfg).eval()
+    total, per = count_flops(model, torch.randint(0, 16, (1, 4)), by_module=True)
+    per_layer = [per[f"GPT2LMHeadModel.transformer.h.{l}"] for l in range(2)]
+    assert (total, per_layer) == (14336, [6656, 6656])
+    assert effective_flops(per_layer, [1.0, 0.5], total=total) == 11008
+    assert effective_flops(per_layer, [1.0, 0.5]) == 6656 + 3328  # the layers alone
+    with pytest.raises(ValueError, match="kept_ratio"):
+        effective_flops(per_layer, [1.0])

@@ -8,6 +8,7 @@ from attnprune.selection import (
     check_keep_ratio,
     entropy,
     gather_tokens,
+    group_overhead_slots,
     gumbel_sigmoid,
     scatter_tokens,
     threshold_keep,
@@ -138,3 +139,27 @@ def test_gather_scatter_equal_reference(shape):
     assert torch.equal(full, before)  # input untouched (a copy is returned)
     got.sum().backward()
     assert torch.equal(h.grad, 3 * keep[..., None].float().expand_as(h))
+
+
+def test_group_overhead_slots_model():
+    """c = threads · C · (128/d)^p: the hosts' measured points (MiniLM d = 384 near the old
+    24 per thread, the cpu-small GPT-2 and Llama (d = 128) where end-to-end wall time is lowest, the synthetic
+    attention at d = 64 between the old 64 and the measured 119), falling with the width,
+    linear in the threads."""
+    assert 20 < group_overhead_slots(384, 1, "encoder") < 40  # old 24; flat to 48–96 on 2
+    assert 128 <= group_overhead_slots(128, 1, "gpt2") <= 512
+    assert group_overhead_slots(128, 1, "rotary") == 512
+    assert 64 < group_overhead_slots(64, 1, "attention") < 119
+    for block in ("encoder", "gpt2", "rotary", "attention"):
+        cs = [group_overhead_slots(d, 1, block) for d in (64, 128, 384, 768, 4096)]
+        assert cs == sorted(cs, reverse=True) and cs[-1] > 0
+        assert group_overhead_slots(768, 4, block) == 4 * group_overhead_slots(768, 1, block)
+    threads = torch.get_num_threads()
+    assert group_overhead_slots(256) == group_overhead_slots(256, threads, "encoder")
+
+
+@pytest.mark.parametrize("kw, field", [({"d_model": 0}, "d_model"), ({"d_model": 1.5}, "d_model"),
+                                       ({"threads": 0}, "threads"), ({"block": "bert"}, "block")])
+def test_group_overhead_slots_names_bad_input(kw, field):
+    with pytest.raises(ValueError, match=field):
+        group_overhead_slots(**{"d_model": 128, **kw})

@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from attnprune import api
-from attnprune.measure import count_flops, env_info
+from attnprune.measure import count_flops, effective_flops, env_info
 from attnprune.research.data.lm_text import eval_windows, load_lm_text
 from attnprune.research.lm import (
     LMConfig,
@@ -119,7 +119,7 @@ def bench_lm(cfg: BenchLMConfig, out: Path, exact: bool = False) -> Path:
             t_full, t_pr = paired_timing(model, fwd, cfg.repeats, rounds=3, warmup=cfg.warmup)
         per_layer = _layer_flops(per, model.config.num_hidden_layers)  # GPT-2 and Llama configs
         kept = ev["kept_per_layer"] or [1.0] * len(per_layer)
-        eff = f_full - sum(per_layer) + sum(f * k for f, k in zip(per_layer, kept))
+        eff = effective_flops(per_layer, kept, total=f_full)
         rows.append({"length": T, "batch": cfg.batch_size, "windows": len(x),
                      "bucket_rows": cfg.bucket_rows, "kept_per_layer": kept,
                      "flops_full": f_full, "flops_pruned": f_pr, "flops_relative": f_pr / f_full,

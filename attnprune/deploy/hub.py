@@ -245,11 +245,11 @@ def _stock_class(model: nn.Module) -> type:
 
 
 def _auto_class(model: nn.Module, stock: type) -> str | None:
-    from transformers.models.auto import modeling_auto
+    from attnprune.hosts.compat import auto_model_class_names
 
     model_type = getattr(model.config, "model_type", None)
     for auto, table in _AUTO_CLASSES:
-        names = getattr(modeling_auto, table, {}).get(model_type)
+        names = auto_model_class_names(table).get(model_type)
         names = names if isinstance(names, (list, tuple)) else (names,)
         if stock.__name__ in names:
             return auto

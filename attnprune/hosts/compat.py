@@ -6,10 +6,73 @@ Checked: torch 2.11 (CUDA 13.0) and 2.13 (CPU); transformers 5.17 and 5.24.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
-__all__ = ["attn_implementation", "children_dict", "hook_dicts", "sdpa_logsumexp"]
+if TYPE_CHECKING:  # the lazy names below, for readers and type checkers
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import (
+        AttentionMaskInterface,
+        create_bidirectional_mask,
+        create_causal_mask,
+        sdpa_mask,
+    )
+    from transformers.modeling_outputs import (
+        BaseModelOutput,
+        BaseModelOutputWithPast,
+        BaseModelOutputWithPastAndCrossAttentions,
+    )
+    from transformers.models.deberta_v2.modeling_deberta_v2 import (
+        make_log_bucket_position as deberta_make_log_bucket_position,
+    )
+    from transformers.models.modernbert.modeling_modernbert import (
+        apply_rotary_pos_emb as modernbert_apply_rotary_pos_emb,
+    )
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+    from transformers.utils import ModelOutput
+
+# transformers names that live in its submodules (not its public top level), imported on
+# first use (``import attnprune`` stays light): name → (module, attribute). Each was checked
+# in transformers 5.17 and 5.24; when a release moves one, change its row here.
+_TRANSFORMERS = {
+    "AttentionMaskInterface": ("transformers.masking_utils", "AttentionMaskInterface"),
+    "create_bidirectional_mask": ("transformers.masking_utils", "create_bidirectional_mask"),
+    "create_causal_mask": ("transformers.masking_utils", "create_causal_mask"),
+    "sdpa_mask": ("transformers.masking_utils", "sdpa_mask"),
+    "sdpa_attention_forward": ("transformers.integrations.sdpa_attention",
+                               "sdpa_attention_forward"),
+    "ModelOutput": ("transformers.utils", "ModelOutput"),
+    "BaseModelOutput": ("transformers.modeling_outputs", "BaseModelOutput"),
+    "BaseModelOutputWithPast": ("transformers.modeling_outputs", "BaseModelOutputWithPast"),
+    "BaseModelOutputWithPastAndCrossAttentions": (
+        "transformers.modeling_outputs", "BaseModelOutputWithPastAndCrossAttentions"),
+    "LengthGroupedSampler": ("transformers.trainer_pt_utils", "LengthGroupedSampler"),
+    "deberta_make_log_bucket_position": (
+        "transformers.models.deberta_v2.modeling_deberta_v2", "make_log_bucket_position"),
+    "modernbert_apply_rotary_pos_emb": (
+        "transformers.models.modernbert.modeling_modernbert", "apply_rotary_pos_emb"),
+}
+
+__all__ = ["AttentionMaskInterface", "BaseModelOutput", "BaseModelOutputWithPast",
+           "BaseModelOutputWithPastAndCrossAttentions", "LengthGroupedSampler", "ModelOutput",
+           "attn_implementation", "auto_model_class_names", "children_dict",
+           "create_bidirectional_mask", "create_causal_mask", "deberta_make_log_bucket_position",
+           "hook_dicts", "modernbert_apply_rotary_pos_emb", "sdpa_attention_forward",
+           "sdpa_logsumexp", "sdpa_mask"]
+
+
+def __getattr__(name: str):
+    """The transformers names of ``_TRANSFORMERS``, imported when first asked for."""
+    if name not in _TRANSFORMERS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    module, attr = _TRANSFORMERS[name]
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
 
 def sdpa_logsumexp(q: Tensor, k: Tensor, bias: Tensor) -> Tensor:
@@ -38,6 +101,15 @@ def attn_implementation(config) -> str | None:
     """The attention back-end a config selects (transformers 5.x keeps it in the private
     ``config._attn_implementation``; ``set_attn_implementation`` writes it)."""
     return getattr(config, "_attn_implementation", None)
+
+
+def auto_model_class_names(table: str) -> dict:
+    """One of the Auto classes' model-type → class-name tables by its name (e.g.
+    ``"MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"``; {} when this release has none), from the private
+    ``transformers.models.auto.modeling_auto``."""
+    from transformers.models.auto import modeling_auto
+
+    return getattr(modeling_auto, table, {})
 
 
 # ----------------------------------------------------------------------------- torch.nn

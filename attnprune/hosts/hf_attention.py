@@ -425,7 +425,7 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     stock SDPA for a module without one (cross-attention, an unpatched copy's leftovers)."""
     state = module.__dict__.get(STATE_ATTR)
     if state is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        from attnprune.hosts.compat import sdpa_attention_forward
 
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
@@ -610,7 +610,8 @@ def restore_configs(model: nn.Module) -> None:
 def _register() -> None:
     """Register ``IMPL`` (idempotent)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    from attnprune.hosts.compat import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(IMPL, _attention)
     AttentionMaskInterface.register(IMPL, sdpa_mask)  # both registrations, or masks are None

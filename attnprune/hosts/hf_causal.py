@@ -73,8 +73,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache, GPT2Model
-from transformers.masking_utils import create_causal_mask
-from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
 from attnprune.hosts import (
     CallData,
@@ -88,20 +86,27 @@ from attnprune.hosts import (
     replace_forward,
     restore_forward,
 )
-from attnprune.hosts.compat import children_dict
+from attnprune.hosts.compat import (
+    BaseModelOutputWithPastAndCrossAttentions,
+    children_dict,
+    create_causal_mask,
+)
 from attnprune.methods import registry
-from attnprune.selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
+from attnprune.selection import (
+    check_keep_ratio,
+    gather_tokens,
+    group_overhead_slots,
+    row_groups,
+    scatter_tokens,
+)
 
 __all__ = ["CausalCall", "CausalPatchState", "block_loop", "causal_methods", "gpt2_forward"]
 
 _ALIASES = {"ltp": "ltp_causal"}  # the encoder LTP owns the name "ltp"; here it means ltp_causal
 _KEYS_ATTR = "_attnprune_keys"  # per-block 2D key-validity masks stored on a KV cache
-# Cost of one more group of rows, in token slots per block (see row_groups). On the cpu-small
-# GPT-2 (d = 128, 1 thread) a block call costs ≈ 200 µs + 8.3 µs per token slot, i.e. ≈ 24
-# slots fixed, plus the group's slicing and write-back; c = 32 gave the lowest wall time of
-# c ∈ {0, 4, 8, 16, 32, 64} at batch 8. Wider models pay more per slot, so for them it errs
-# towards fewer groups (FLOPs alone would want c = 0: one group per distinct count).
-GROUP_OVERHEAD_TOKENS = 32
+# A fixed cost of one more group of rows in token slots (see row_groups); None: the measured
+# model, selection.group_overhead_slots(d, block="gpt2") (tests set a small one).
+GROUP_OVERHEAD_TOKENS: float | None = None
 
 # transformers 5.24 renamed the cache argument of every model, layer and mask function from
 # ``past_key_values`` to ``cache`` (the old name is mapped, with a warning, until 5.40): the
@@ -381,7 +386,7 @@ def gpt2_forward(state: CausalPatchState, original, input_ids=None, past_key_val
         h = h + g.wte(token_type_ids.view(B, -1))
     h = g.drop(h)  # (B, L, d)
     full = block_loop(state, g, h, attention_mask, past_key_values, use_cache,
-                      _block_kwargs(kwargs), {}, g.h, _gpt2_call, GROUP_OVERHEAD_TOKENS)
+                      _block_kwargs(kwargs), {}, g.h, _gpt2_call, _gpt2_overhead(h))
     hidden = g.ln_f(full)
     return BaseModelOutputWithPastAndCrossAttentions(
         last_hidden_state=hidden, **cache_kwargs(past_key_values if use_cache else None))
@@ -548,6 +553,12 @@ def _policy_hook(state: CausalPatchState, module, args, kwargs, output) -> None:
 
 def _is_gpt2(model: nn.Module) -> bool:
     return _gpt2(model) is not None
+
+
+def _gpt2_overhead(inputs_embeds: Tensor) -> float:
+    if GROUP_OVERHEAD_TOKENS is not None:
+        return GROUP_OVERHEAD_TOKENS
+    return group_overhead_slots(inputs_embeds.shape[-1], block="gpt2")
 
 
 @register_host("hf_causal", kinds=("token",), matches=_is_gpt2)

@@ -116,7 +116,6 @@ from functools import partial
 
 import torch
 from torch import Tensor, nn
-from transformers.utils import ModelOutput
 
 from attnprune.hosts import (
     CallData,
@@ -133,36 +132,34 @@ from attnprune.hosts import (
     replace_forward,
     restore_forward,
 )
-from attnprune.hosts.compat import sdpa_logsumexp
+from attnprune.hosts.compat import ModelOutput, sdpa_logsumexp
 from attnprune.methods import registry
 from attnprune.methods.base import protect_first, protect_special
-from attnprune.selection import check_keep_ratio, gather_tokens, row_groups, scatter_tokens
+from attnprune.selection import (
+    check_keep_ratio,
+    gather_tokens,
+    group_overhead_slots,
+    row_groups,
+    scatter_tokens,
+)
 
 __all__ = ["GROUP_OVERHEAD_PER_THREAD", "GROUP_OVERHEAD_TOKENS", "HFEncoderState", "LazyStats",
            "group_overhead_tokens", "parse_schedule", "patch_hf_encoder", "sync_free"]
 
-# Cost of one more group of rows, in token slots per layer (the c of selection.row_groups):
-# c = GROUP_OVERHEAD_PER_THREAD · (torch threads), unless GROUP_OVERHEAD_TOKENS is set.
-# Measured on MiniLM-L6 (d = 384, d_ff = 1536), one BertLayer call with a padded mask,
-# interleaved timing of b ∈ {1, …, 32} rows × K ∈ {8, …, 64} slots, fit t = a + s·(b·K):
-# 1 thread a ≈ 340–650 µs, s ≈ 37–40 µs (a ≈ 10–18 slots); 2 threads a ≈ 850–1200 µs,
-# s ≈ 21.6 µs (a ≈ 40–56 slots): the per-slot cost halves with a second thread, the fixed
-# per-call cost (weights read once per call, thread start-up) does not. A group's own slicing,
-# new mask and write-back add ≈ 2.5 slots per layer at 1 thread. So c ≈ 20–24 at 1 thread and
-# ≈ 45–60 at 2; c = 24 per thread. On tweets (batch 32, 2 threads, attention_mass ρ = 0.5
-# after layer 2, file order) the old fixed c = 12 gave 5.3 groups and wall 0.72 of the full
-# model; c = 48 gave 0.63 (c = 96: 0.62, no bucketing: 0.68). Beyond 2 threads (not measured
-# here: 2 cores) the same reasoning extrapolates linearly.
+# Deprecated (until 0.3): the old c per thread at MiniLM's width; unused, the measured model
+# selection.group_overhead_slots(d, block="encoder") replaced it.
 GROUP_OVERHEAD_PER_THREAD = 24
 SCORER_KERNELS = ("matmul", "sdpa")  # how the exact "received" scorer runs (patch_hf_encoder)
-GROUP_OVERHEAD_TOKENS: float | None = None  # a fixed c overrides the per-thread rule (tests)
+GROUP_OVERHEAD_TOKENS: float | None = None  # a fixed c overrides the measured model (tests)
 
 
-def group_overhead_tokens() -> float:
-    """c for :func:`attnprune.selection.row_groups` at the current torch thread count."""
+def group_overhead_tokens(d_model: int = 384) -> float:
+    """c for :func:`attnprune.selection.row_groups` at width ``d_model`` and torch's current
+    thread count: ``GROUP_OVERHEAD_TOKENS`` if set, else
+    :func:`attnprune.selection.group_overhead_slots`."""
     if GROUP_OVERHEAD_TOKENS is not None:
         return GROUP_OVERHEAD_TOKENS
-    return GROUP_OVERHEAD_PER_THREAD * torch.get_num_threads()
+    return group_overhead_slots(d_model, block="encoder")
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -879,7 +876,7 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
             mask4d = call.soft_bias = _additive(mask, soft_total, hidden.dtype)[:, None, None, :]
         else:
             if run.bucket and hidden.shape[0] > 1:
-                groups = row_groups(mask.sum(1), group_overhead_tokens())
+                groups = row_groups(mask.sum(1), group_overhead_tokens(hidden.shape[-1]))
                 if len(groups) > 1:
                     call.gather_time_s += time.perf_counter() - t1
                     return _grouped(state, run, i + 1, groups, hidden, mask, index, full,
@@ -1001,7 +998,7 @@ def _bidirectional(state: HFEncoderState, hidden: Tensor, mask: Tensor, skip: bo
     model's attention implementation expects (None, bool or float). ``skip=False`` always
     builds the mask: the helper's "no padding, no mask" shortcut reads the mask back from
     the device (``mask.all()``), which the sync-free path must not do."""
-    from transformers.masking_utils import create_bidirectional_mask
+    from attnprune.hosts.compat import create_bidirectional_mask
 
     extra = {} if skip else {"allow_is_bidirectional_skip": False}
     return create_bidirectional_mask(config=state.config, inputs_embeds=hidden,
@@ -1090,7 +1087,7 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     state.scorer_queries = scorer_queries
     state.scorer_kernel = scorer_kernel
     state.protect_ids = protect_ids
-    from transformers.modeling_outputs import (
+    from attnprune.hosts.compat import (
         BaseModelOutput,
         BaseModelOutputWithPastAndCrossAttentions,
     )

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from attnprune.hosts import register_host
+from attnprune.hosts.compat import BaseModelOutputWithPast
 from attnprune.hosts.hf_causal import (
     CausalPatchState,
     _one_cache,
@@ -52,6 +52,7 @@ from attnprune.hosts.hf_causal import (
     patch_causal,
     positions,
 )
+from attnprune.selection import group_overhead_slots
 
 __all__ = ["FAMILIES", "REFUSED", "DecoderFamily", "family_of", "rotary_forward"]
 
@@ -123,15 +124,9 @@ def sliding_window(config, family: DecoderFamily) -> int | None:
     return w if family.window == "sliding_window" else None
 
 
-# Row bucketing's cost of one more group (``selection.row_groups``), in token slots per block,
-# for a block of width 128; wider blocks cost more per slot, so the fixed cost is worth fewer
-# slots: c = ROTARY_GROUP_OVERHEAD_TOKENS · (128 / d)². Measured on the cpu-small Llama (d = 128,
-# 1 thread, batch 8, 64 validation windows, LTP keeping 0.44 / 0.39 in blocks 2–3, medians of
-# 15 interleaved rounds): wall time vs full 0.94 at c = 32, 0.87 at c = 128 and 512, 0.86 with
-# no bucketing (counted FLOPs 0.711 / 0.733 / 0.733). A rotary block call costs ≈ 240 µs fixed
-# + 4.5 µs per token slot there, and a group also repeats the later decisions, gathers and
-# write-backs: at this width splitting a batch of 8 rows never pays.
-ROTARY_GROUP_OVERHEAD_TOKENS = 512.0
+# A fixed cost of one more group of rows in token slots (see selection.row_groups); None: the
+# measured model, selection.group_overhead_slots(d, block="rotary") (tests set their own).
+ROTARY_GROUP_OVERHEAD_TOKENS: float | None = None
 
 
 def _rotary_call(run: _Pass, l: int, block: nn.Module, h: Tensor, index: Tensor, mask) -> Tensor:
@@ -174,7 +169,8 @@ def rotary_forward(state: CausalPatchState, original, input_ids=None, attention_
             f"only runs sequences that fit in the window")
     cos, sin = m.rotary_emb(inputs_embeds, position_ids)  # (1 or B, L, d_head)
     rows = {"cos": cos.expand(B, -1, -1), "sin": sin.expand(B, -1, -1)}
-    overhead = ROTARY_GROUP_OVERHEAD_TOKENS * (128.0 / inputs_embeds.shape[-1]) ** 2
+    overhead = (ROTARY_GROUP_OVERHEAD_TOKENS if ROTARY_GROUP_OVERHEAD_TOKENS is not None
+                else group_overhead_slots(inputs_embeds.shape[-1], block="rotary"))
     full = block_loop(state, m, inputs_embeds, attention_mask, past_key_values, use_cache, {},
                       rows, m.layers, _rotary_call, overhead)
     return BaseModelOutputWithPast(last_hidden_state=m.norm(full),

@@ -39,8 +39,8 @@ import sys
 import torch
 from torch import Tensor, nn
 from transformers import DynamicCache
-from transformers.masking_utils import create_causal_mask
 
+from attnprune.hosts.compat import create_causal_mask
 from attnprune.hosts.hf_causal import _gpt2, cache_kwargs
 from attnprune.hosts.hf_llama import FAMILIES, _inner, family_of, sliding_window
 

@@ -312,7 +312,7 @@ def load_model(model: str, n_classes: int, label_names: tuple[str, ...] | None =
     ``pipeline`` built from it, says them instead of ``LABEL_0``.
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    from transformers import logging as hf_logging
 
     path = resolve_model_path(model)
     names = {}
@@ -398,7 +398,7 @@ def _loader(split, tokenizer, batch_size: int, max_length: int, shuffle: bool, s
 
     g = torch.Generator().manual_seed(seed)
     if group_by_length and shuffle:
-        from transformers.trainer_pt_utils import LengthGroupedSampler
+        from attnprune.hosts.compat import LengthGroupedSampler
 
         lengths = [int(n) for n in tokenize(tokenizer, split, idx, max_length)["attention_mask"]
                    .sum(1)]

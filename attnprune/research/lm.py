@@ -59,7 +59,7 @@ from tqdm.auto import tqdm
 from attnprune import api
 from attnprune.hosts.compat import children_dict
 from attnprune.hosts.hf_causal import cache_kwargs
-from attnprune.measure import count_flops, env_info, time_fn
+from attnprune.measure import count_flops, effective_flops, env_info, time_fn
 from attnprune.methods import registry
 from attnprune.research.data.lm_text import LMData, batch, eval_windows, load_lm_text
 from attnprune.runs.config import ConfigError, parse_command_line
@@ -528,10 +528,11 @@ def measure_costs(model: nn.Module, x: torch.Tensor, cfg: LMConfig, kept: list[f
     per_layer = _layer_flops(full_per, model.config.num_hidden_layers)
     layers_sum = sum(per_layer)
     if kept is not None and token_method:
-        eff_layers = sum(f * k for f, k in zip(per_layer, kept))
+        eff_layers = effective_flops(per_layer, kept)
+        eff_total = effective_flops(per_layer, kept, total=full_total)
     else:
         eff_layers = layers_sum
-    eff_total = full_total - layers_sum + eff_layers  # embeddings/ln_f/head are never pruned
+        eff_total = full_total - layers_sum + eff_layers  # embeddings/ln_f/head are never pruned
     res["flops"] = {"measured": pr_total, "full": full_total, "relative": pr_total / full_total,
                     "effective": eff_total, "proxy_relative": eff_total / full_total,
                     "effective_layers_relative": eff_layers / max(1, layers_sum),
@@ -577,7 +578,7 @@ def length_sweep(model: nn.Module, data: LMData, cfg: LMConfig) -> list[dict]:
             pr = count_flops(model, xb)
         per_layer = _layer_flops(per, model.config.num_hidden_layers)
         kept = ev["kept_per_layer"] or [1.0] * len(per_layer)
-        eff = full - sum(per_layer) + sum(f * k for f, k in zip(per_layer, kept))
+        eff = effective_flops(per_layer, kept, total=full)
         rows.append({"length": T, "perplexity": ev["perplexity"], "loss": ev["loss"],
                      "kept_ratio": sum(kept) / len(kept), "flops_full": full, "flops_measured": pr,
                      "flops_effective": eff})

@@ -21,6 +21,7 @@ import json
 import sys
 from pathlib import Path
 
+from attnprune.measure import effective_flops
 from attnprune.runs.results import ResultsDir, make_run_dir
 
 __all__ = ["compare_runs", "sweep_figure", "sweep_markdown", "table_rows", "write_figures"]
@@ -52,7 +53,7 @@ def _depth(ax, entry: dict, name: str, full: bool) -> None:
     kept = entry.get("kept_per_layer") or [1.0] * len(per)
     n = list(range(1, len(per) + 1))
     cum_full = [sum(per[:i]) for i in n]
-    cum_eff = [sum(f * k for f, k in zip(per[:i], kept[:i])) for i in n]
+    cum_eff = [effective_flops(per[:i], kept[:i]) for i in n]
     if full:
         ax.plot(n, cum_full, "k-", label="full")
     ax.plot(n, cum_eff, "o-", label=name)

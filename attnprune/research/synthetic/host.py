@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from attnprune.hosts import Calls, LastCall, PatchState, bracket_calls, register_host
 from attnprune.methods import registry
-from attnprune.selection import check_keep_ratio, gather_tokens, row_groups
+from attnprune.selection import check_keep_ratio, gather_tokens, group_overhead_slots, row_groups
 
 __all__ = [
     "SingleHeadAttention",
@@ -58,9 +58,9 @@ __all__ = [
 ]
 
 FULL = "full"  # the method name meaning "no gate"
-# Cost of one more group of rows in Attention-2, in token slots (see row_groups): one call
-# costs ≈ 28 µs fixed and 0.4–0.9 µs per token slot here (d = 64, one thread), plus slicing.
-GROUP_OVERHEAD_TOKENS = 64
+# A fixed cost of one more group of rows in Attention-2 in token slots (see row_groups); None:
+# the measured model, selection.group_overhead_slots(d, block="attention").
+GROUP_OVERHEAD_TOKENS: float | None = None
 
 
 # ----------------------------------------------------------------------------- blocks
@@ -232,7 +232,9 @@ class TinyEncoder(nn.Module):
 
         groups = None
         if self.gate is not None and not self.training and self.cfg.bucket_rows and len(h) > 1:
-            groups = row_groups(h_mask.sum(1), GROUP_OVERHEAD_TOKENS)
+            c = GROUP_OVERHEAD_TOKENS
+            groups = row_groups(h_mask.sum(1), group_overhead_slots(h.shape[-1], block="attention")
+                                if c is None else c)
         if groups is not None and len(groups) > 1:
             # Each group of rows, cut to its own longest row, through Attention-2 and the pool.
             pooled = x1.new_empty(len(h), x1.shape[-1])  # (B, d)
