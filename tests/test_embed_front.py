@@ -171,3 +171,23 @@ def test_layers_deeper_than_the_model_is_refused(tiny_st, tmp_path):
                  "--int8", "false", "--onnx-int8", "false")
     with pytest.raises(ConfigError, match="layers: 9 is more than the model's 4"):
         ef.main(argv)
+
+
+def test_a_student_saved_by_attnprune_loads_pruned(tiny_st, tmp_path):
+    """embed-front's --students reads what embed-distill writes: the folder loads with its
+    pruning (kept-token pooling included), giving the embeddings of the model that was saved."""
+    from sentence_transformers import SentenceTransformer
+
+    import attnprune
+    from attnprune.research.embed_front import load_student
+
+    st = SentenceTransformer(str(tiny_st), device="cpu").eval()
+    attnprune.patch(st, "attention_mass", keep_ratio=0.5, after_layer=1)
+    texts = [f"passage {i} " + "words of some length " * (3 + i) for i in range(6)]
+    want = st.encode(texts, convert_to_tensor=True)
+    out = attnprune.save_pretrained(st, tmp_path / "student")
+    loaded = load_student(out, max_seq_length=64)
+    state = attnprune.patch_state(loaded)
+    assert state is not None and state.keep_ratio == 0.5
+    got = loaded.encode(texts, convert_to_tensor=True)
+    assert (got - want).abs().max() <= 1e-5

@@ -278,7 +278,7 @@ def from_pretrained(path: str | os.PathLike, **hf_kwargs) -> nn.Module:
     rebuilt patch does not match (typically another attnprune version).
     """
     folder = Path(path)
-    if _saved_sentence_transformer(folder):
+    if is_saved_sentence_transformer(folder):
         return _load_sentence_transformer(folder, **hf_kwargs)
     recipe = read_recipe(folder)
     cls = _model_class(recipe)
@@ -420,7 +420,7 @@ def _save_sentence_transformer(model: nn.Module, path: Path, tokenizer) -> Path:
     return path
 
 
-def _saved_sentence_transformer(folder: Path) -> bool:
+def is_saved_sentence_transformer(folder: Path) -> bool:
     """Whether ``folder`` is a SentenceTransformer saved pruned (modules.json names ours)."""
     file = folder / "modules.json"
     if not file.is_file():

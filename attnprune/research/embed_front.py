@@ -56,7 +56,6 @@ Results folder: ``config.yaml``, ``subset.json`` (the ids evaluated), per config
 from __future__ import annotations
 
 import copy
-import json
 import re
 import time
 import warnings
@@ -196,34 +195,19 @@ def load_model(model: str, max_seq_length: int):
 
 
 def load_student(path: str | Path, max_seq_length: int):
-    """A distilled student saved as a SentenceTransformer folder (``st.save(DIR)``). When its
-    Transformer module's folder holds an ``attnprune.json`` (what
-    :func:`attnprune.save_pretrained` writes beside the encoder's weights), the recorded
-    patch is applied to the whole SentenceTransformer (``attnprune.patch(st, ...)``, so the
-    pooling reads the kept tokens) and the method's own tensors are restored."""
-    from safetensors.torch import load_file
-
+    """A distilled student: a SentenceTransformer folder written by
+    :func:`attnprune.save_pretrained` (``attnprune embed-distill --out DIR``), loaded pruned by
+    :func:`attnprune.from_pretrained`; any other SentenceTransformer folder (a distilled
+    shallower model saved by sentence-transformers) loads as it is."""
     import attnprune
     from attnprune.deploy import hub
 
     folder = Path(path)
-    st = load_model(str(folder), max_seq_length)
-    modules = folder / "modules.json"
-    sub = json.loads(modules.read_text())[0].get("path", "") if modules.is_file() else ""
-    inner = folder / sub
-    if not (inner / hub.RECIPE).is_file():
-        return st
-    patches = hub.read_recipe(inner)["patches"]
-    if len(patches) > 1:
-        raise ValueError(f"students: {inner} holds {len(patches)} stacked patches; a "
-                         "SentenceTransformer takes one")
-    for p in patches:
-        state = attnprune.patch(st, p["method"], **p["options"])
-        tensors = load_file(str(inner / hub.WEIGHTS)) if (inner / hub.WEIGHTS).is_file() else {}
-        prefix = p["tensors_prefix"]
-        state.modules.load_state_dict({k[len(prefix):]: v for k, v in tensors.items()
-                                       if k.startswith(prefix)}, strict=True)
-    return st.eval()
+    if hub.is_saved_sentence_transformer(folder):
+        st = attnprune.from_pretrained(folder, device="cpu")
+        st.max_seq_length = max_seq_length
+        return st.eval()
+    return load_model(str(folder), max_seq_length)
 
 
 class OnnxEncoder(nn.Module):
