@@ -346,16 +346,10 @@ def _encoder_cell(cfg: BenchGPUConfig, shape: str, pts: dict, B: int, T: int) ->
         rows = [_profile(cfg, fn, shape, B, T, name) for name, fn in fns.items()] + rows
         _reset_compiled(cfg)
         return rows
-    with torch.inference_mode():
-        times = time_interleaved(fns, repeats=cfg.repeats, warmup=cfg.warmup,
-                                 cuda_events=cfg.timer == "events")
-    full = times["full"].median_s
-    timed = []
-    for name, t in times.items():
-        timed.append({"model": shape, "B": B, "T": T, "point": name, "ms": 1e3 * t.median_s,
-                      "mad_ms": 1e3 * t.mad_s, "relative": t.median_s / full,
-                      "tokens_per_s": B * T / t.median_s, "device": t.device,
-                      **({"compile_s": first[name]} if cfg.compile else {})})
+    timed = _timed_rows(cfg, fns, shape, B, T)
+    if cfg.compile:
+        for r in timed:
+            r["compile_s"] = first[r["point"]]
     if not pts["int8_ok"]:
         rows += _note_rows(shape, B, T, ["int8"], pts["int8"])
     _reset_compiled(cfg)
@@ -475,16 +469,7 @@ def _decoder_rows(cfg: BenchGPUConfig, shape: str, dtype, flush, deadline) -> li
                f"layers={n}": lambda m=shallow, x=ids: m(input_ids=x, use_cache=True)}
         for rho in cfg.keep_ratios:
             fns[f"fastv@{rho:g}"] = (lambda r=rho, m=lm, x=ids: prefill(m, x, keep=r, method="fastv"))
-        with torch.inference_mode():
-            times = time_interleaved(fns, repeats=cfg.repeats, warmup=cfg.warmup,
-                                     cuda_events=cfg.timer == "events")
-        full = times["full"].median_s
-        part = []
-        for name, t in times.items():
-            part.append({"model": shape, "B": B, "T": T, "point": f"prefill {name}",
-                         "ms": 1e3 * t.median_s, "mad_ms": 1e3 * t.mad_s,
-                         "relative": t.median_s / full, "tokens_per_s": B * T / t.median_s,
-                         "device": t.device})
+        part = _timed_rows(cfg, fns, shape, B, T, prefix="prefill ")
         print(_line(part), flush=True)
         rows += part
         flush(rows)
@@ -493,6 +478,19 @@ def _decoder_rows(cfg: BenchGPUConfig, shape: str, dtype, flush, deadline) -> li
             torch.cuda.empty_cache()
         longest = max(longest, time.monotonic() - t0)
     return rows
+
+
+def _timed_rows(cfg: BenchGPUConfig, fns: dict, shape: str, B: int, T: int,
+                prefix: str = "") -> list[dict]:
+    """Time ``fns`` interleaved (``fns["full"]`` the reference) and return one row each."""
+    with torch.inference_mode():
+        times = time_interleaved(fns, repeats=cfg.repeats, warmup=cfg.warmup,
+                                 cuda_events=cfg.timer == "events")
+    full = times["full"].median_s
+    return [{"model": shape, "B": B, "T": T, "point": f"{prefix}{name}",
+             "ms": 1e3 * t.median_s, "mad_ms": 1e3 * t.mad_s, "relative": t.median_s / full,
+             "tokens_per_s": B * T / t.median_s, "device": t.device}
+            for name, t in times.items()]
 
 
 def _line(rows: list[dict]) -> str:
