@@ -274,3 +274,35 @@ def test_packaged_minilm_round_trip(tmp_path):
                    SentenceTransformer(str(out), device="cpu", trust_remote_code=True)):
         assert loaded.max_seq_length == 32
         assert (encode(loaded, texts) - emb).abs().max() <= 1e-5
+
+
+def test_cli_depth_baseline_distils_the_first_layers(tiny_dir, tmp_path, capsys):
+    """--layers N: the student is the teacher's first N layers, unpruned, distilled the same
+    way, saved so that a plain SentenceTransformer(DIR) loads it; N ≥ the depth is refused."""
+    from sentence_transformers import SentenceTransformer
+
+    from attnprune.cli import main
+
+    model_dir = tmp_path / "stock"
+    tiny_st(tiny_dir).save(str(model_dir))
+    corpus, held = tmp_path / "corpus.txt", tmp_path / "held.txt"
+    corpus.write_text("\n".join(sentences(20, 7)) + "\n")
+    held.write_text("\n".join(sentences(10, 8)) + "\n")
+    base = ["embed-distill", "--model", str(model_dir), "--corpus", str(corpus), "--epochs",
+            "3", "--batch-size", "8", "--lr", "1e-3", "--eval-corpus", str(held),
+            "--no-progress", "--device", "cpu"]
+    assert main([*base, "--layers", "3", "--out", str(tmp_path / "bad")]) == 2
+    assert "layers must be below the model's 3 layers" in capsys.readouterr().err
+    out = tmp_path / "out"
+    assert main([*base, "--layers", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if "held-out texts" in x)
+    after = float(line.split()[-1])
+    loaded = SentenceTransformer(str(out), device="cpu")
+    assert loaded[0].auto_model.config.num_hidden_layers == 1
+    assert attnprune.patch_state(loaded) is None
+    teacher = tiny_st(tiny_dir)
+    assert mean_cos(loaded, teacher, sentences(10, 8)) == pytest.approx(after, abs=1e-4)
+    trained = loaded[0].auto_model.encoder.layer[0].attention.self.query.weight
+    stock = teacher[0].auto_model.encoder.layer[0].attention.self.query.weight
+    assert (trained - stock).abs().max() > 1e-4  # distilled, not just cut

@@ -75,6 +75,14 @@ def _dimension(model) -> int | None:
     return get()
 
 
+def _depth(model) -> int | None:
+    """Layers of a SentenceTransformer's encoder (None if it has no HF config)."""
+    from attnprune.train.baselines import _count_field
+
+    config = getattr(getattr(model[0], "auto_model", None), "config", None)
+    return None if config is None else getattr(config, _count_field(config))
+
+
 def _check_models(student, teacher) -> None:
     for name, m in (("student", student), ("teacher", teacher)):
         if not _is_st(m):
@@ -83,8 +91,10 @@ def _check_models(student, teacher) -> None:
     if student is teacher:
         raise ValueError("teacher: the student itself; give a separate stock model (e.g. "
                          "copy.deepcopy of the model before patching)")
-    if api.patch_state(student) is None:
-        raise ValueError("student: not patched; attnprune.patch(student, method, ...) first")
+    if api.patch_state(student) is None and _depth(student) >= _depth(teacher):
+        raise ValueError("student: neither patched nor shallower than the teacher; "
+                         "attnprune.patch(student, method, ...) first, or keep its first "
+                         "layers (attnprune.train.baselines.keep_first_layers)")
     if api.patch_state(teacher) is not None:
         raise ValueError("teacher: patched by attnprune; the teacher is the stock model")
     s_vocab, t_vocab = _vocab(student), _vocab(teacher)
@@ -320,6 +330,10 @@ def _parser():
     ap.add_argument("--method", default="attention_mass", help="token method (attnprune methods)")
     ap.add_argument("--keep-ratio", type=float, default=0.35, help="fraction of tokens kept")
     ap.add_argument("--after-layer", type=int, default=1, help="layer after which tokens drop")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="the depth baseline instead of pruning: the student keeps the "
+                         "teacher's first N layers, unpruned (saved with sentence-transformers' "
+                         "own save: it loads with a plain SentenceTransformer(DIR))")
     ap.add_argument("--epochs", type=int, default=1, help="passes over the corpus")
     ap.add_argument("--batch-size", type=int, default=32, help="texts per step")
     ap.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate")
@@ -372,8 +386,16 @@ def main(argv: list[str]) -> int:
     teacher = SentenceTransformer(args.model, **kw)
     student = copy.deepcopy(teacher)
     try:
-        attnprune.patch(student, args.method, keep_ratio=args.keep_ratio,
-                        after_layer=args.after_layer)
+        if args.layers is not None:
+            from attnprune.train.baselines import keep_first_layers
+
+            if _depth(teacher) is not None and args.layers >= _depth(teacher):
+                raise ValueError(f"layers must be below the model's {_depth(teacher)} layers, "
+                                 f"got {args.layers}")
+            keep_first_layers(student[0].auto_model, args.layers)
+        else:
+            attnprune.patch(student, args.method, keep_ratio=args.keep_ratio,
+                            after_layer=args.after_layer)
     except ValueError as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
@@ -397,7 +419,10 @@ def main(argv: list[str]) -> int:
                                  max_length=length)
         print(f"{len(held)} held-out texts, mean cosine to the stock embeddings: zero-shot "
               f"{before.mean():.4f}, distilled {after.mean():.4f}")
-    attnprune.save_pretrained(student, args.out)
+    if attnprune.patch_state(student) is None:  # the depth baseline: a stock, shallower model
+        student.save(args.out)
+    else:
+        attnprune.save_pretrained(student, args.out)
     print(f"saved: {args.out}")
     return 0
 
