@@ -1116,7 +1116,9 @@ def main(argv: list[str]) -> int:
     data = prepare(cfg)  # every data / model problem stops here, before the results folder
     results = distributed.start_results(cl.out, "finetune", cl.exact_out, cfg)
     summary = run(cfg, results, data)
-    if not distributed.is_main():
+    main_process = distributed.is_main()
+    distributed.finish()  # every process done with collectives: end the group before exit
+    if not main_process:
         return 0
     head = HEADLINE[summary.get("task", "classification")]
     nan = float("nan")

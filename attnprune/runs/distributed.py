@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from attnprune.runs.results import ResultsDir
 
-__all__ = ["SharedResults", "barrier", "broadcast", "gather", "is_main", "launched",
+__all__ = ["SharedResults", "barrier", "broadcast", "finish", "gather", "is_main", "launched",
            "on_main", "rank", "shard_batches", "start_results", "world_size"]
 
 T = TypeVar("T")
@@ -87,6 +87,19 @@ def is_main() -> bool:
 def barrier() -> None:
     if launched():
         _state().wait_for_everyone()
+
+
+def finish() -> None:
+    """End a launched run's process group once every process got here: a process that left
+    with the group alive could abort at interpreter exit ("terminate called without an active
+    exception", SIGABRT) while another still wrote its results."""
+    if not launched():
+        return
+    import torch.distributed as dist
+
+    barrier()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def broadcast(obj: T) -> T:
