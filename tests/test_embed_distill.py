@@ -127,7 +127,7 @@ def test_bad_input_refused_before_work(tiny_dir):
         ({"temperature": 0}, ValueError, "temperature"),
         ({"max_length": 1}, ValueError, "max_length"),
         ({"teacher": student}, ValueError, "teacher: the student itself"),
-        ({"teacher": student, "student": teacher}, ValueError, "student: not patched"),
+        ({"teacher": student, "student": teacher}, ValueError, "student: neither patched nor shallower"),
         ({"teacher": torch.nn.Linear(2, 2)}, TypeError, "teacher: a sentence-transformers"),
     ]
     for kw, err, match in bad:
