@@ -191,3 +191,44 @@ def test_a_student_saved_by_attnprune_loads_pruned(tiny_st, tmp_path):
     assert state is not None and state.keep_ratio == 0.5
     got = loaded.encode(texts, convert_to_tensor=True)
     assert (got - want).abs().max() <= 1e-5
+
+
+def test_seed_groups_average_the_seeds_query_by_query():
+    """Students NAME.s0, NAME.s1, … are one point: the per-query metrics averaged over the
+    seeds (not one seed's, not the last one's), compared with stock and with the other group
+    query by query; a single seed makes no group; int8 copies are their own group."""
+    from attnprune.research import retrieval_metrics as rm
+    from attnprune.research.embed_front import seed_groups
+
+    rng = np.random.default_rng(0)
+    n = 400
+
+    def run(p):  # per-query metrics of ranks drawn with P(rank 1) = p
+        ranks = np.where(rng.random(n) < p, 1, rng.integers(2, 40, n))
+        return {s: rm.metrics_from_ranks(ranks) for s in ("all", "stock_index")}
+
+    per = {"stock": run(0.9), "student:a.s0": run(0.8), "student:a.s1": run(0.4),
+           "student:a.s2": run(0.6), "student:b.s0": run(0.2), "student:b.s1": run(0.3),
+           "student:a.s0+int8": run(0.7), "student:a.s1+int8": run(0.5),
+           "student:lone.s0": run(0.5), "student:plain": run(0.5)}
+    times = {k: {"per_1000_passages_s": 10.0 + i, "relative": 0.1 * (i + 1)}
+             for i, k in enumerate(per)}
+    out = seed_groups(per, times, n_resamples=200)
+    assert set(out["groups"]) == {"student:a", "student:b", "student:a+int8"}
+    g = out["groups"]["student:a"]
+    assert g["seeds"] == [0, 1, 2]
+    want = np.mean([per[f"student:a.s{i}"]["all"]["ndcg@10"].mean() for i in range(3)])
+    assert g["all"]["mean"]["ndcg@10"]["mean"] == pytest.approx(want)
+    assert g["all"]["seeds"]["ndcg@10"] == pytest.approx(
+        [per[f"student:a.s{i}"]["all"]["ndcg@10"].mean() for i in range(3)])
+    assert g["all"]["vs_stock"]["ndcg@10"]["delta"] == pytest.approx(
+        want - per["stock"]["all"]["ndcg@10"].mean())
+    assert g["time"]["relative"] == pytest.approx(np.mean(
+        [times[f"student:a.s{i}"]["relative"] for i in range(3)]))
+    pair = out["pairs"]["student:a − student:a+int8"]["all"]["ndcg@10"]
+    b = np.mean([per[f"student:a.s{i}+int8"]["all"]["ndcg@10"].mean() for i in range(2)])
+    assert pair["delta"] == pytest.approx(want - b)
+    assert 0.0 <= pair["pvalue"] <= pair["pvalue_holm"] <= 1.0
+    assert seed_groups({"stock": per["stock"], "student:x.s0": per["student:a.s0"]},
+                       times | {"student:x.s0": times["student:a.s0"]}) == {"groups": {},
+                                                                           "pairs": {}}

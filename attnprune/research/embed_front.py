@@ -14,7 +14,9 @@ threads set in this command's process only, onnxruntime sessions too):
 * ``layers=N`` for each N of ``layers``: the first N encoder layers, zero-shot (the depth
   baseline);
 * ``student:NAME`` for each ``NAME=DIR`` of ``students``: a distilled student saved as a
-  SentenceTransformer folder (:func:`load_student`; the hook for the distillation API);
+  SentenceTransformer folder (:func:`load_student`); students named ``NAME.s0``,
+  ``NAME.s1``, … (one per training seed) are also summarised as one point over their seeds
+  (:func:`seed_groups`: ``summary.json``'s ``seed_groups`` and a table in ``front.md``);
 * ``onnx-int8``: the encoder exported to ONNX (torch's TorchScript exporter, as Optimum
   does; eager attention, which onnxruntime fuses) and quantized by onnxruntime's dynamic int8 quantizer with the settings of
   sentence-transformers' ``export_dynamic_quantized_onnx_model(model, "avx512_vnni", ...)``
@@ -81,6 +83,8 @@ SETTINGS = ("all", "stock_index")
 SPLITS = ("val", "test")
 CLOCKS = ("process", "wall")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+# a student trained with several seeds: NAME.s<seed> (one group per NAME, int8 or not)
+_SEEDED = re.compile(r"^student:(?P<name>.+)\.s(?P<seed>\d+)(?P<int8>\+int8)?$")
 
 
 @dataclass(frozen=True)
@@ -438,6 +442,7 @@ def summarize(cfg: EmbedFrontConfig, results: ResultsDir, sub: dict, source: str
             for k, a in zip(others, adj, strict=True):
                 out_points[k][f"vs_stock_{s}"][m]["pvalue_holm"] = float(a)
             out_points[STOCK][f"vs_stock_{s}"][m]["pvalue_holm"] = None  # not a hypothesis
+    groups = seed_groups(per, timing["points"], n_resamples=cfg.resamples)
     summary = {
         "data": source.split(":", 1)[0], "split": cfg.split,
         "queries": len(sub["queries"]), "passages": len(sub["passages"]),
@@ -461,11 +466,67 @@ def summarize(cfg: EmbedFrontConfig, results: ResultsDir, sub: dict, source: str
                       "export_dynamic_quantized_onnx_model runs); optimum-onnx 0.1.0 needs "
                       "transformers < 4.58") if cfg.onnx_int8 else None,
         "points": out_points,
+        "seed_groups": groups,
     }
     results.write_json("summary.json", summary)
     results.write_text("front.md", format_table(summary))
     _figure(summary, results)
     return summary
+
+
+def seed_groups(per: dict, times: dict, *, n_resamples: int = 10_000) -> dict:
+    """Students trained with several seeds, as one point each: the students labelled
+    ``student:NAME.s<seed>`` (``+int8`` kept apart) with at least two seeds form the group
+    ``student:NAME`` (``student:NAME+int8``).
+
+    Per group and setting: the per-query metrics averaged over the seeds, their mean with a
+    bootstrap CI over queries (``mean``), each seed's mean (``seeds``), Δ against ``stock``
+    paired by query (``vs_stock``), and the time averaged over the seeds. Between groups
+    (``pairs``): Δ = A − B of the seed-averaged per-query metrics, paired by query, Holm-
+    corrected across the pairs for each setting and metric. ``per``: label → setting →
+    metric → per-query array; ``times``: label → timing entry."""
+    from attnprune.research import retrieval_metrics as rm
+    from attnprune.runs import stats
+
+    members: dict[str, dict[int, str]] = {}
+    for label in per:
+        m = _SEEDED.match(label)
+        if m:
+            key = f"student:{m['name']}{m['int8'] or ''}"
+            members.setdefault(key, {})[int(m["seed"])] = label
+    members = {k: dict(sorted(v.items())) for k, v in sorted(members.items()) if len(v) >= 2}
+    avg = {k: {s: {mt: np.mean([np.asarray(per[lab][s][mt], dtype=np.float64)
+                                for lab in labs.values()], axis=0) for mt in rm.METRICS}
+               for s in SETTINGS} for k, labs in members.items()}
+    out: dict = {"groups": {}, "pairs": {}}
+    for k, labs in members.items():
+        t = [times[lab] for lab in labs.values()]
+        g = {"seeds": list(labs), "labels": list(labs.values()),
+             "time": {f: float(np.mean([x[f] for x in t])) for f in ("per_1000_passages_s",
+                                                                     "relative")}}
+        for s in SETTINGS:
+            g[s] = {"mean": rm.summarize(avg[k][s], n_resamples=n_resamples),
+                    "seeds": {mt: [float(np.mean(per[lab][s][mt])) for lab in labs.values()]
+                              for mt in rm.METRICS},
+                    "vs_stock": rm.compare(avg[k][s], per[STOCK][s], n_resamples=n_resamples)}
+        out["groups"][k] = g
+    keys = list(members)
+    pairs = [(a, b) for i, a in enumerate(keys) for b in keys[i + 1:]]
+    for a, b in pairs:
+        out["pairs"][f"{a} − {b}"] = {s: rm.compare(avg[a][s], avg[b][s],
+                                                    n_resamples=n_resamples) for s in SETTINGS}
+    for s in SETTINGS:
+        for mt in rm.METRICS:
+            names = list(out["pairs"])
+            adj = stats.holm([out["pairs"][n][s][mt]["pvalue"] for n in names]) if names else []
+            for n, a in zip(names, adj, strict=True):
+                out["pairs"][n][s][mt]["pvalue_holm"] = float(a)
+            gnames = list(out["groups"])
+            adj = stats.holm([out["groups"][n][s]["vs_stock"][mt]["pvalue"]
+                              for n in gnames]) if gnames else []
+            for n, a in zip(gnames, adj, strict=True):
+                out["groups"][n][s]["vs_stock"][mt]["pvalue_holm"] = float(a)
+    return out
 
 
 def _ci(d: dict, scale: float = 100.0) -> str:
@@ -496,6 +557,29 @@ def format_table(summary: dict) -> str:
             f"{_ci(e['stock_index']['ndcg@10'])} | "
             f"{_delta(e['vs_stock_stock_index']['ndcg@10'])} | "
             f"{_ci(e['all']['recall@1'])} | {_ci(e['all']['recall@10'])} |")
+    groups = summary.get("seed_groups") or {}
+    if groups.get("groups"):
+        lines += ["", ("Students over their seeds (per-query metrics averaged over the seeds; "
+                  "CI over queries; Holm across the groups):"), "",
+                  ("| student | seeds | s / 1k passages | × stock | nDCG@10 all (each seed) | "
+                  "Δ all (Holm p) | nDCG@10 vs stock index (each seed) | "
+                  "Δ vs stock index (Holm p) |"), "|---|---|---|---|---|---|---|---|"]
+        for k, g in groups["groups"].items():
+            each = {s: ", ".join(f"{100 * v:.1f}" for v in g[s]["seeds"]["ndcg@10"])
+                    for s in SETTINGS}
+            lines.append(
+                f"| {k} | {len(g['seeds'])} | {g['time']['per_1000_passages_s']:.1f} | "
+                f"{g['time']['relative']:.2f} | {_ci(g['all']['mean']['ndcg@10'])} "
+                f"({each['all']}) | {_delta(g['all']['vs_stock']['ndcg@10'])} | "
+                f"{_ci(g['stock_index']['mean']['ndcg@10'])} ({each['stock_index']}) | "
+                f"{_delta(g['stock_index']['vs_stock']['ndcg@10'])} |")
+    if groups.get("pairs"):
+        lines += ["", ("Between students (Δ nDCG@10 = A − B, seed-averaged, paired by query; "
+                  "Holm across the pairs):"), "", "| A − B | Δ all | Δ vs stock index |",
+                  "|---|---|---|"]
+        for n, d in groups["pairs"].items():
+            lines.append(f"| {n} | {_delta(d['all']['ndcg@10'])} | "
+                         f"{_delta(d['stock_index']['ndcg@10'])} |")
     return "\n".join(lines) + "\n"
 
 
