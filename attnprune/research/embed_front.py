@@ -414,7 +414,6 @@ def run(cfg: EmbedFrontConfig, results: ResultsDir, data) -> dict:
 def summarize(cfg: EmbedFrontConfig, results: ResultsDir, sub: dict, source: str) -> dict:
     """``summary.json``, ``front.md`` and ``front.png`` from the predictions and timing."""
     from attnprune.research import retrieval_metrics as rm
-    from attnprune.runs import stats
 
     timing = results.read_json("timing.json")
     pts = points(cfg)
@@ -438,9 +437,7 @@ def summarize(cfg: EmbedFrontConfig, results: ResultsDir, sub: dict, source: str
     others = [p["label"] for p in pts if p["label"] != STOCK]
     for s in SETTINGS:  # Holm across the configurations, per setting and metric
         for m in rm.METRICS:
-            adj = stats.holm([out_points[k][f"vs_stock_{s}"][m]["pvalue"] for k in others])
-            for k, a in zip(others, adj, strict=True):
-                out_points[k][f"vs_stock_{s}"][m]["pvalue_holm"] = float(a)
+            _set_holm([out_points[k][f"vs_stock_{s}"][m] for k in others])
             out_points[STOCK][f"vs_stock_{s}"][m]["pvalue_holm"] = None  # not a hypothesis
     groups = seed_groups(per, timing["points"], n_resamples=cfg.resamples)
     summary = {
@@ -486,7 +483,6 @@ def seed_groups(per: dict, times: dict, *, n_resamples: int = 10_000) -> dict:
     corrected across the pairs for each setting and metric. ``per``: label → setting →
     metric → per-query array; ``times``: label → timing entry."""
     from attnprune.research import retrieval_metrics as rm
-    from attnprune.runs import stats
 
     members: dict[str, dict[int, str]] = {}
     for label in per:
@@ -517,16 +513,18 @@ def seed_groups(per: dict, times: dict, *, n_resamples: int = 10_000) -> dict:
                                                     n_resamples=n_resamples) for s in SETTINGS}
     for s in SETTINGS:
         for mt in rm.METRICS:
-            names = list(out["pairs"])
-            adj = stats.holm([out["pairs"][n][s][mt]["pvalue"] for n in names]) if names else []
-            for n, a in zip(names, adj, strict=True):
-                out["pairs"][n][s][mt]["pvalue_holm"] = float(a)
-            gnames = list(out["groups"])
-            adj = stats.holm([out["groups"][n][s]["vs_stock"][mt]["pvalue"]
-                              for n in gnames]) if gnames else []
-            for n, a in zip(gnames, adj, strict=True):
-                out["groups"][n][s]["vs_stock"][mt]["pvalue_holm"] = float(a)
+            _set_holm([d[s][mt] for d in out["pairs"].values()])
+            _set_holm([g[s]["vs_stock"][mt] for g in out["groups"].values()])
     return out
+
+
+def _set_holm(tests: list[dict]) -> None:
+    """Holm-adjust the ``pvalue`` of each test dict in place (``pvalue_holm``)."""
+    from attnprune.runs import stats
+
+    if tests:
+        for d, a in zip(tests, stats.holm([d["pvalue"] for d in tests]), strict=True):
+            d["pvalue_holm"] = float(a)
 
 
 def _ci(d: dict, scale: float = 100.0) -> str:
