@@ -106,6 +106,36 @@ def test_resume_skips_finished_runs(quick_dir, monkeypatch, capsys):
     assert marker.is_file()
 
 
+def test_a_workers_reply_is_one_atomic_pipe_write_and_carries_the_whole_run(tmp_path):
+    """A pool worker answers with a file's path, a few hundred bytes (one pipe write of at
+    most PIPE_BUF, which the kernel makes atomic), not the state dict: a worker terminated by
+    a Ctrl-C while sending that (many writes) left half a message in the pipe and the command
+    hung at exit, joining the pool's thread that waited for the rest. The file holds exactly
+    what ``run_one`` returns, and is removed once read."""
+    import pickle
+    import select
+    from concurrent.futures.process import _ResultItem
+
+    from attnprune.runs.results import _jsonable
+
+    cfg = SyntheticConfig(n_train=64, n_val=32, epochs=1, seeds=(0,),
+                          methods=("full", "entropy"), ablations=False)
+    run = plan_runs(cfg)[1]  # entropy: gate calibration in its record too
+    reply = synth_run._run_to_file(cfg, run, str(tmp_path))
+    assert len(pickle.dumps(_ResultItem(2**31, result=reply))) + 8 <= select.PIPE_BUF
+    record, state, preds = synth_run._read_run_file(reply)
+    assert not list(tmp_path.iterdir())
+    want_record, want_state, want_preds = synth_run.run_one(cfg, run)  # deterministic per seed
+    assert record == json.loads(json.dumps(_jsonable(want_record))) | {
+        "seconds": record["seconds"], "cpu_seconds": record["cpu_seconds"]}
+    assert state.keys() == want_state.keys() and preds.keys() == want_preds.keys()
+    pairs = [*((state[k], v) for k, v in want_state.items()),
+             *((preds[k], v) for k, v in want_preds.items())]
+    for got, want in pairs:
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == np.asarray(want).dtype
+
+
 @pytest.mark.slow
 def test_resume_with_other_config_is_refused(quick_dir, capsys):
     assert _run(quick_dir, "--keep-ratio", "0.7") == 2

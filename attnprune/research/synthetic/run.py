@@ -31,13 +31,16 @@ experiment resumes where it stopped.
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -49,7 +52,7 @@ from attnprune.research.synthetic.data import DataSpec, make_dataset
 from attnprune.research.synthetic.host import FULL, TinyConfig, TinyEncoder
 from attnprune.research.synthetic.train import TrainConfig, evaluate, train_model
 from attnprune.runs import stats
-from attnprune.runs.results import ResultsDir, atomic_write_bytes
+from attnprune.runs.results import ResultsDir, _jsonable, atomic_write_bytes
 from attnprune.selection import check_keep_ratio, gather_tokens
 
 __all__ = ["METHODS", "RunSpec", "SyntheticConfig", "flops_proxy", "latency_proxy",
@@ -330,26 +333,62 @@ def _worker_init(threads: int, parent: int | None = None) -> None:
     torch.set_num_threads(threads)
 
 
+def _run_to_file(cfg: SyntheticConfig, run: RunSpec, scratch: str) -> str:
+    """In a worker: :func:`run_one`, its outputs written to one safetensors file in the
+    private folder ``scratch`` (state as ``state.*``, predictions as ``preds.*``, the record as
+    JSON metadata); returns the file's path.
+
+    The pool's reply is then a few hundred bytes, one pipe write that the kernel makes atomic
+    (≤ ``PIPE_BUF``). A state dict sent through the pipe takes many writes: a worker terminated
+    after a Ctrl-C while sending one left half a message in the pipe, the pool's manager thread
+    waited forever for the rest, and the interpreter's exit (which joins that thread) hung."""
+    from safetensors.numpy import save
+
+    record, state, preds = run_one(cfg, run)
+    arrays = {**{f"state.{k}": np.ascontiguousarray(v) for k, v in state.items()},
+              **{f"preds.{k}": np.ascontiguousarray(v) for k, v in preds.items()}}
+    path = Path(scratch) / f"{os.getpid()}-{time.monotonic_ns()}.safetensors"
+    atomic_write_bytes(path, save(arrays, metadata={"record": json.dumps(_jsonable(record))}))
+    return str(path)
+
+
+def _read_run_file(path: str) -> tuple[dict, dict[str, np.ndarray], dict]:
+    """What :func:`_run_to_file` wrote → (record, state, predictions); the file is removed."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="np") as f:
+        record = json.loads(f.metadata()["record"])
+        arrays = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
+    os.unlink(path)
+    state = {k.removeprefix("state."): v for k, v in arrays.items() if k.startswith("state.")}
+    preds = {k.removeprefix("preds."): v for k, v in arrays.items() if k.startswith("preds.")}
+    return record, state, preds
+
+
 def _run_pool(cfg: SyntheticConfig, todo: list[RunSpec], done: Callable[..., None]) -> None:
     """Every run of ``todo`` in ``cfg.workers`` spawned processes, ``done(run, record, state,
     preds)`` called in this process as each finishes (in any order).
 
     On any exception here (KeyboardInterrupt: one Ctrl-C) the runs that finished are still
     handed to ``done`` (so saved), the queued ones cancelled and the workers terminated before
-    the exception goes on: ``ProcessPoolExecutor``'s own exit would wait for every queued run."""
-    import os
+    the exception goes on: ``ProcessPoolExecutor``'s own exit would wait for every queued run.
+    Workers hand their outputs over in a file (:func:`_run_to_file`), so terminating one never
+    cuts a message in the pipe."""
+    import shutil
+    import tempfile
 
     ctx = multiprocessing.get_context("spawn")  # fork after torch has started threads is unsafe
     before = set(multiprocessing.active_children())
+    scratch = tempfile.mkdtemp(prefix="attnprune-synthetic-")
     pool = ProcessPoolExecutor(min(cfg.workers, len(todo)), mp_context=ctx,
                                initializer=_worker_init, initargs=(cfg.threads, os.getpid()))
     futures = {}
     handed = set()
     try:
-        futures = {pool.submit(run_one, cfg, r): r for r in todo}
+        futures = {pool.submit(_run_to_file, cfg, r, scratch): r for r in todo}
         for fut in as_completed(futures):
             handed.add(fut)
-            done(futures[fut], *fut.result())
+            done(futures[fut], *_read_run_file(fut.result()))
     except BaseException:
         # the pool cancels its queued runs itself (a future cancelled here would make its
         # manager thread fail when the terminated workers break the pool, CPython 3.11)
@@ -357,7 +396,7 @@ def _run_pool(cfg: SyntheticConfig, todo: list[RunSpec], done: Callable[..., Non
         workers = [p for p in multiprocessing.active_children() if p not in before]
         for fut, run in futures.items():  # finished meanwhile: saved too
             if fut not in handed and fut.done() and not fut.cancelled() and fut.exception() is None:
-                done(run, *fut.result())
+                done(run, *_read_run_file(fut.result()))
         for p in workers:
             p.terminate()
         for p in workers:
@@ -368,6 +407,7 @@ def _run_pool(cfg: SyntheticConfig, todo: list[RunSpec], done: Callable[..., Non
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- the plan
