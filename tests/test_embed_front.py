@@ -232,3 +232,27 @@ def test_seed_groups_average_the_seeds_query_by_query():
     assert seed_groups({"stock": per["stock"], "student:x.s0": per["student:a.s0"]},
                        times | {"student:x.s0": times["student:a.s0"]}) == {"groups": {},
                                                                            "pairs": {}}
+
+
+def test_the_figure_shows_a_seed_group_as_one_point():
+    """In the figure a student trained with three seeds is one point at its seed group's time
+    and nDCG (not three points, and not joined to another student by a line); points without
+    seeds stay as they are."""
+    from attnprune.research.embed_front import _figure_points
+
+    def point(kind, t, m, int8=False):
+        return {"kind": kind, "int8": int8, "time": {"per_1000_passages_s": t},
+                "all": {"ndcg@10": {"mean": m, "low": m - 0.01, "high": m + 0.01}}}
+
+    pts = {"stock": point("stock", 100.0, 0.7), "student:a.s0": point("student", 40.0, 0.30),
+           "student:a.s1": point("student", 44.0, 0.36), "student:one": point("student", 50, 0.2)}
+    group = {"seeds": [0, 1], "labels": ["student:a.s0", "student:a.s1"],
+             "time": {"per_1000_passages_s": 42.0},
+             "all": {"mean": {"ndcg@10": {"mean": 0.33, "low": 0.31, "high": 0.35}}}}
+    got = _figure_points({"points": pts, "seed_groups": {"groups": {"student:a": group}}}, "all")
+    students = sorted(got[("distilled student", False)], key=lambda t: t[2])
+    assert [(t, m["mean"], lab) for t, m, lab in students] == [
+        (42.0, 0.33, "a (2 seeds)"), (50, 0.2, "student:one")]
+    assert got[("stock", False)] == [(100.0, pts["stock"]["all"]["ndcg@10"], "stock")]
+    assert _figure_points({"points": pts}, "all")[("distilled student", False)][0][2] == \
+        "student:a.s0"  # no groups in the summary: every point as it is

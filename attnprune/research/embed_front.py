@@ -587,7 +587,28 @@ def _family(e: dict) -> str:
             }[e["kind"]]
 
 
+def _figure_points(summary: dict, setting: str) -> dict:
+    """(family, +int8) → [(time, metric, label)] for the figure: a student trained with several
+    seeds is one point (its seed group: times and per-query metrics averaged over the seeds),
+    not one per seed."""
+    groups = summary.get("seed_groups", {}).get("groups", {})
+    grouped = {lab for g in groups.values() for lab in g["labels"]}
+    out: dict = {}
+    for label, e in summary["points"].items():
+        if label not in grouped:
+            out.setdefault((_family(e), e["int8"] and e["kind"] != "onnx_int8"), []).append(
+                (e["time"]["per_1000_passages_s"], e[setting]["ndcg@10"], label))
+    for key, g in groups.items():
+        name = f"{key.removeprefix('student:').removesuffix(INT8)} ({len(g['seeds'])} seeds)"
+        out.setdefault((_family({"kind": "student"}), key.endswith(INT8)), []).append(
+            (g["time"]["per_1000_passages_s"], g[setting]["mean"]["ndcg@10"], name))
+    return out
+
+
 def _figure(summary: dict, results: ResultsDir) -> None:
+    """Speed against nDCG@10, both settings side by side. A line joins only the points of one
+    family that differ by their keep ratio or depth (the zero-shot ρ and layer sweeps), not
+    different students."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -598,18 +619,15 @@ def _figure(summary: dict, results: ResultsDir) -> None:
     titles = {"all": "all patched (queries and passages)",
               "stock_index": "patched queries vs stock-built index"}
     for ax, s in zip(axes, SETTINGS, strict=True):
-        groups: dict = {}
-        for label, e in summary["points"].items():
-            groups.setdefault((_family(e), e["int8"] and e["kind"] != "onnx_int8"), []).append(
-                (e["time"]["per_1000_passages_s"], e[s]["ndcg@10"], label))
-        for (fam, q), pts in sorted(groups.items()):
+        for (fam, q), pts in sorted(_figure_points(summary, s).items()):
             pts.sort(key=lambda t: t[0])
             color = colors.setdefault(fam, f"C{len(colors)}")
             xs = [x for x, _, _ in pts]
             ys = [100 * m["mean"] for _, m, _ in pts]
             err = [[100 * (m["mean"] - m["low"]) for _, m, _ in pts],
                    [100 * (m["high"] - m["mean"]) for _, m, _ in pts]]
-            ax.errorbar(xs, ys, yerr=err, fmt="--" if q else "-", marker="s" if q else "o",
+            line = "none" if fam == _family({"kind": "student"}) else "--" if q else "-"
+            ax.errorbar(xs, ys, yerr=err, linestyle=line, marker="s" if q else "o",
                         mfc="none" if q else color, color=color, capsize=3,
                         label=f"{fam}{' + int8' if q else ''}")
             for x, y, (_, _, lab) in zip(xs, ys, pts, strict=True):
@@ -620,7 +638,7 @@ def _figure(summary: dict, results: ResultsDir) -> None:
                       f"clock, {summary['threads']} thread, batch {summary['batch_size']})")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("nDCG@10 × 100 (95 % bootstrap CI over queries)")
-    axes[0].legend(fontsize=7, loc="lower right")
+    axes[0].legend(fontsize=7, loc="center right")
     fig.suptitle(f"docstring retrieval ({summary['split']}, {summary['queries']} queries, "
                  f"{summary['passages']} passages): speed vs quality", fontsize=10)
     results.save_figure("front.png", fig)
