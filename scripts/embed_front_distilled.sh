@@ -53,8 +53,7 @@ attnprune embed-front --data "retrieval:$WORK/bench" --queries 1000 --passages 1
   distill s0e3 0 --method attention_mass --keep-ratio 0.35 --after-layer 1 --epochs 3 ) &
 ( for s in 0 1 2; do distill "r0.25s$s" "$s" --method attention_mass --keep-ratio 0.25 --after-layer 1; done ) &
 wait
-S=$WORK
 attnprune embed-front --data "retrieval:$WORK/bench" --queries 1000 --passages 1500 \
   --keep-ratios 0.5,0.25 --layers "[]" --onnx-int8 false \
-  --students "pruned0.5.s0=$S/r0.5s0,pruned0.5.s1=$S/r0.5s1,pruned0.5.s2=$S/r0.5s2,pruned0.25.s0=$S/r0.25s0,pruned0.25.s1=$S/r0.25s1,pruned0.25.s2=$S/r0.25s2,pruned0.35-3epochs=$S/s0e3" \
+  --students "pruned0.5.s0=$WORK/r0.5s0,pruned0.5.s1=$WORK/r0.5s1,pruned0.5.s2=$WORK/r0.5s2,pruned0.25.s0=$WORK/r0.25s0,pruned0.25.s1=$WORK/r0.25s1,pruned0.25.s2=$WORK/r0.25s2,pruned0.35-3epochs=$WORK/s0e3" \
   --timing-passages 128 --timing-repeats 3 --progress --out "$OUT2" --exact-out
