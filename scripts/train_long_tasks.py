@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -48,10 +49,22 @@ def parse(argv):
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--ffn", type=int, default=384)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--batch-tokens", type=int, default=0,
+                   help="> 0: a step holds max(--batch, this // the step's top length) rows")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--steps", type=int, default=20_000, help="the schedule's length if the deadline is not hit first")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-n", type=int, default=64)
+    p.add_argument("--questions", type=int, default=1,
+                   help="needle tasks: questions asked per training prompt (the first is the example's)")
+    p.add_argument("--grow-at", type=float, default=0.0,
+                   help="> 0: a curriculum by mastery: the top length starts at --min-length and grows "
+                        "25 %% each time every task's quick check there reaches this accuracy; the "
+                        "learning rate stays at its peak until the top is --length, then decays to the "
+                        "deadline (0: the top grows with time over the first half of the run)")
+    p.add_argument("--check-steps", type=int, default=50, help="--grow-at: steps between quick checks")
+    p.add_argument("--eval-every", type=float, default=0.0,
+                   help="minutes between quick validation checks during training (0: none)")
     p.add_argument("--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)")
     p.add_argument("--code-packages", default=",".join(lt.DEFAULT_PACKAGES))
     a = p.parse_args(argv)
@@ -64,8 +77,12 @@ def parse(argv):
         p.error(f"--text-share: in [0, 1), got {a.text_share}")
     if not 16 <= a.min_length <= a.length:
         p.error(f"--min-length: in [16, --length], got {a.min_length}")
-    if a.max_minutes <= 0 or a.batch < 1 or a.steps < 1 or a.eval_n < 1:
-        p.error("--max-minutes, --batch, --steps, --eval-n: must be > 0")
+    if a.batch_tokens < 0:
+        p.error(f"--batch-tokens: ≥ 0, got {a.batch_tokens}")
+    if not 0.0 <= a.grow_at <= 1.0 or a.check_steps < 1:
+        p.error(f"--grow-at: in [0, 1] and --check-steps ≥ 1, got {a.grow_at} and {a.check_steps}")
+    if a.max_minutes <= 0 or a.batch < 1 or a.steps < 1 or a.eval_n < 1 or a.questions < 1:
+        p.error("--max-minutes, --batch, --steps, --eval-n, --questions: must be > 0")
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device: cuda asked for, but torch sees no CUDA device")
     return a
@@ -80,6 +97,57 @@ def build_model(a):
                        num_key_value_heads=a.kv_heads, max_position_embeddings=2 * a.length,
                        bos_token_id=None, eos_token_id=None, pad_token_id=0, tie_word_embeddings=True)
     return LlamaForCausalLM(conf)
+
+
+_NEEDLE = re.compile(r"The magic number for (\w+) is (\d+)\.")
+_ASSIGN = re.compile(r"VAR (\w+) = (\w+)\.")
+
+
+def extra_questions(ex, rng: random.Random, k: int) -> list[tuple[str, str]]:
+    """Up to ``k`` more (question, target) pairs about the same context, read back from the
+    needles (training only: each forward pass then supervises several retrievals). Multi-key:
+    other keys; multi-value: every key, its values in order; variable tracking: any variable
+    of any chain (1 to ``hops`` hops back)."""
+    if k < 1 or ex.task not in ("multikey", "multivalue", "vartrack"):
+        return []
+    pairs = []
+    if ex.task in ("multikey", "multivalue"):
+        found: dict[str, list[str]] = {}
+        for key, v in _NEEDLE.findall(ex.head):
+            found.setdefault(key, []).append(v)
+        for key, vs in found.items():
+            q = (f"What is the magic number for {key}?" if ex.task == "multikey"
+                 else f"What are all the magic numbers for {key}?")
+            pairs.append((q, " " + " ".join(vs) + "\n"))
+    else:
+        value = dict(_ASSIGN.findall(ex.head))
+        for var in value:
+            v = var
+            while v in value:
+                v = value[v]
+            pairs.append((f"What is the value of VAR {var}?", f" {v}\n"))
+    pairs = [p for p in pairs if p[0] != ex.question]
+    rng.shuffle(pairs)
+    return pairs[:k]
+
+
+def fitted_example(task: str, length: int, index: int, seed: int, split: str = "train", **kw) -> lt.LongExample:
+    """The training example of ``task`` at ``length`` with the task's default options, or, where
+    they do not fit (short curriculum lengths), with its counts (keys, values, chains, hops,
+    words) scaled down until they do: short prompts hold fewer needles, so the retrieval is
+    learned first on short, dense prompts and then stretched."""
+    counts = {k: v for k, v in lt.OPTIONS[task].items() if k in ("keys", "values", "chains", "hops", "words")}
+    scale = 1.0
+    while True:
+        opts = {k: max(lt._LOWER[k], round(v * scale)) for k, v in counts.items()}
+        if task == "freqwords":
+            opts["words"] = max(opts["words"], lt.OPTIONS[task]["top"] + 1)
+        try:
+            return lt.example(task, length, index, split=split, seed=seed, **kw, **opts)
+        except ValueError as e:
+            if "too short" not in str(e) or scale < 1e-3:  # the smallest counts do not fit either
+                raise
+            scale *= 0.8
 
 
 class Rows:
@@ -104,13 +172,17 @@ class Rows:
         task = self.rng.choice(self.a.tasks)
         self.index += 1
         kw = {"code_packages": self.a.code_packages} if task == "code" else {}
-        ex = lt.example(task, length, self.index, split="train", seed=self.a.seed, **kw)
-        prompt, target = list(ex.prompt.encode()), list(ex.target.encode())
-        return prompt + target, [-100] * len(prompt) + target
+        ex = fitted_example(task, length, self.index, self.a.seed, **kw)
+        ids, labels = list(ex.head.encode()), [-100] * len(ex.head.encode())
+        for q, target in [(ex.question, ex.target)] + extra_questions(ex, self.rng, self.a.questions - 1):
+            tail = list(ex.tail.replace(ex.question, q).encode()) if q else list(ex.tail.encode())
+            ids += tail + list(target.encode())
+            labels += [-100] * len(tail) + list(target.encode())
+        return ids, labels
 
     def batch(self, top: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = []
-        for _ in range(self.a.batch):
+        for _ in range(max(self.a.batch, self.a.batch_tokens // top)):
             L = self.rng.randrange(self.a.min_length, top + 1)
             rows.append(self.text(L) if self.rng.random() < self.a.text_share else self.task(L))
         n = max(len(r[0]) for r in rows)  # right padding: no loss, no attention
@@ -128,16 +200,22 @@ def train(a, model, device, log):
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01, **fused)
     deadline, warm = a.max_minutes * 60, max(1, a.steps // 50)
     t0, done = time.perf_counter(), 0
+    last_eval = t0
+    top, reached = a.min_length, None  # --grow-at: the fraction of the run when top hit --length
     for step in range(a.steps):
         frac = max(step / a.steps, (time.perf_counter() - t0) / deadline)
         if frac >= 1.0 and step:
             break
         # warm-up over the first 2 % of the schedule, by steps or by time, whichever is first
         rise = min(1.0, max((step + 1) / warm, frac / 0.02))
-        lr = a.lr * rise * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
+        if a.grow_at:  # peak until the curriculum is done, then cosine to the deadline
+            decay = 0.0 if reached is None else (frac - reached) / max(1e-9, 1.0 - reached)
+        else:
+            decay = frac
+            top = a.min_length + int((a.length - a.min_length) * min(1.0, 2 * frac))
+        lr = a.lr * rise * 0.5 * (1 + math.cos(math.pi * min(decay, 1.0)))
         for g in opt.param_groups:
             g["lr"] = lr
-        top = a.min_length + int((a.length - a.min_length) * min(1.0, 2 * frac))
         ids, labels, mask = (t.to(device) for t in rows.batch(top))
         with torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else _null():
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
@@ -146,12 +224,34 @@ def train(a, model, device, log):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         done += 1
+        checked = time.perf_counter()
+        if a.grow_at and reached is None and (step + 1) % a.check_steps == 0:
+            model.eval()
+            quick = evaluate(a, model, length=top, n=16, truncated=False, quiet=True)
+            model.train()
+            worst = min(v["full"] for v in quick.values())
+            log.append({"step": step, "quick_eval": quick, "length": top})
+            if worst >= a.grow_at:
+                top = min(a.length, int(top * 1.25))
+                if top == a.length:
+                    reached = frac
+                log[-1]["grown_to"] = top
+            print(json.dumps(log[-1]), flush=True)
+        elif a.eval_every and time.perf_counter() - last_eval >= a.eval_every * 60:
+            last_eval = time.perf_counter()
+            model.eval()
+            quick = evaluate(a, model, length=max(a.min_length, top), n=16, truncated=False, quiet=True)
+            model.train()
+            log.append({"step": step, "quick_eval": quick, "length": max(a.min_length, top)})
+            print(json.dumps(log[-1]), flush=True)
+        t0 += time.perf_counter() - checked  # the checks do not eat the training deadline
         if step % 25 == 0:
             rec = {"step": step, "loss": round(loss.item(), 4), "lr": lr, "top": top,
                    "elapsed_s": round(time.perf_counter() - t0, 1)}
             log.append(rec)
             print(json.dumps(rec), flush=True)
-    log.append({"steps_done": done, "train_s": round(time.perf_counter() - t0, 1)})
+    log.append({"steps_done": done, "train_s": round(time.perf_counter() - t0, 1), "top_reached": top,
+                "curriculum_done_at": reached})
 
 
 def _null():
@@ -160,17 +260,22 @@ def _null():
     return contextlib.nullcontext()
 
 
-def evaluate(a, model) -> dict:
+def evaluate(a, model, length: int | None = None, n: int | None = None, truncated: bool = True,
+             quiet: bool = False) -> dict:
     """Each task's validation accuracy at ``--length``: unpruned and the last 25 % only."""
-    specs = {"full": {"kind": "full", "keep": 1.0}, "last 25 %": {"kind": "recent", "keep": 0.25}}
+    length, n = length or a.length, n or a.eval_n
+    specs = {"full": {"kind": "full", "keep": 1.0}}
+    if truncated:
+        specs["last 25 %"] = {"kind": "recent", "keep": 0.25}
     tok, out = lt.ByteTokenizer(), {}
     for task in a.tasks:
         kw = {"code_packages": a.code_packages} if task == "code" else {}
-        exs = lt.generate(task, a.eval_n, a.length, split="validation", seed=a.seed, **kw)
+        exs = [fitted_example(task, length, i, a.seed, "validation", **kw) for i in range(n)]
         res = ev.evaluate(model, tok, exs, specs)
         out[task] = {k: sum(v["right"]) / len(v["right"]) for k, v in res.items()}
-        print(f"{task:<11} unpruned {out[task]['full']:.3f}  last 25 % {out[task]['last 25 %']:.3f}"
-              f"  (n {a.eval_n}, {a.length} bytes)", flush=True)
+        if not quiet:
+            print(f"{task:<11} " + "  ".join(f"{k} {v:.3f}" for k, v in out[task].items())
+                  + f"  (n {n}, {length} bytes)", flush=True)
     return out
 
 

@@ -66,9 +66,10 @@ def test_run_writes_paired_rows(model_dir, tmp_path, question):
     for r in summary["rows"]:
         assert r["n"] == 3 and r["length"] == 512 and 0 <= r["accuracy"] <= 1
         assert r["accuracy_ci95"][0] <= r["accuracy"] <= r["accuracy_ci95"][1]
-        p = next(p for p in preds if p["task"] == r["task"])
+        p = next(p for p in preds if p["task"] == r["task"])["seeds"][0]
         right, full = p[r["variant"]]["right"], p["full"]["right"]
         assert len(p[r["variant"]]["outputs"]) == 3
+        assert r["ttft_vs_full"] > 0 and r["decode_ms_per_token"] > 0
         if r["variant"] == "full":
             assert "diff" not in r
             continue
@@ -98,3 +99,74 @@ def test_config_errors_name_the_option():
                       ({"placement": "middle"}, "placement"), ({"split": "dev"}, "split")]:
         with pytest.raises(ValueError, match=name):
             ev.LongTasksConfig(**bad)
+
+
+def test_the_cluster_bootstrap_keeps_an_examples_seeds_together():
+    one = [[1, 0, 1, 1, 0, 1, 0, 1, 1, 0]]
+    # two seeds that agree example by example add no information: the CI must not narrow
+    # (resampling (seed, example) pairs independently would narrow it by about √2)
+    assert ev.cluster_bootstrap(one * 2, 2000) == ev.cluster_bootstrap(one, 2000)
+    assert ev.cluster_bootstrap([[1, 1, 1]], 100) == [1.0, 1.0]
+
+
+def test_controls_pair_the_scoring_with_random_and_recent_at_its_keep():
+    specs = {"full": {"kind": "full", "keep": 1.0},
+             "fastv 0.5": {"kind": "attention", "keep": 0.5},
+             "fastv 0.5 random": {"kind": "random", "keep": 0.5},
+             "recent 0.5": {"kind": "recent", "keep": 0.5}}
+    res = {"full": {"right": [[1, 1, 1, 1]]}, "fastv 0.5": {"right": [[1, 1, 1, 0]]},
+           "fastv 0.5 random": {"right": [[0, 0, 1, 0]]}, "recent 0.5": {"right": [[1, 1, 1, 1]]}}
+    rows = ev.control_rows("multikey", 1024, specs, res, n_resamples=200)
+    assert [(r["variant"], r["control"]) for r in rows] == [("fastv 0.5", "fastv 0.5 random"),
+                                                           ("fastv 0.5", "recent 0.5")]
+    assert (rows[0]["diff"], rows[0]["lost"], rows[0]["gained"]) == (0.5, 0, 2)
+    assert (rows[1]["diff"], rows[1]["lost"], rows[1]["gained"]) == (-0.25, 1, 0)
+
+
+@pytest.fixture(scope="module")
+def shallow_dir(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    conf = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
+                       bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    path = tmp_path_factory.mktemp("tiny1") / "model"
+    LlamaForCausalLM(conf).save_pretrained(path)
+    return str(path)
+
+
+def test_seeds_pool_with_shallow_controls_and_searched_layers_and_resume(model_dir, shallow_dir, tmp_path,
+                                                                         monkeypatch):
+    out = tmp_path / "out"
+    argv = ["--model", f"{model_dir},{model_dir}", "--shallow", f"{shallow_dir},{shallow_dir}",
+            "--tasks", "multikey", "--lengths", "400", "--n", "2", "--keeps", "0.5",
+            "--search_layers", "true", "--search_n", "1", "--window", "4", "--sinks", "1",
+            "--n_resamples", "100", "--threads", "1", "--out", str(out), "--exact-out"]
+    assert ev.main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    search = summary["layer_search"]
+    # a random model answers nothing: every layer ties, and the earlier (cheaper) one is chosen
+    assert search["chosen"] == {"fastv": 1, "gemfilter": 1} and set(search["accuracy"]["fastv"]) == {"1", "2"}
+    rows = {r["variant"]: r for r in summary["rows"]}
+    assert rows["fastv 0.5"]["options"]["layer"] == 1 and rows["gemfilter 0.5"]["options"]["layer"] == 1
+    assert all(r["seeds"] == 2 and r["n"] == 2 for r in rows.values())
+    assert rows["shallow"]["kind"] == "shallow" and "diff" in rows["shallow"]
+    assert rows["shallow"]["ttft_vs_full"] > 0
+    assert {(c["variant"], c["control"]) for c in summary["controls"]} == {
+        (m, c) for m in ("fastv 0.5", "gemfilter 0.5") for c in (f"{m} random", "recent 0.5")}
+    assert all(c["p_holm"] >= c["mcnemar_p"] for c in summary["controls"])
+    assert (out / "long_tasks.png").stat().st_size > 1000
+    assert "| p (Holm) |" in (out / "table.md").read_text()
+    # an interrupted run resumes from its saved search and seeds: no model is loaded again
+    (out / "summary.json").unlink()
+    monkeypatch.setattr(ev, "load_model", lambda path: pytest.fail(f"reloaded {path}"))
+    assert ev.main(argv) == 0
+    assert json.loads((out / "summary.json").read_text())["rows"] == summary["rows"]
+
+
+def test_shallow_needs_one_folder_per_model_and_search_excludes_fixed_layers():
+    with pytest.raises(ValueError, match="shallow"):
+        ev.LongTasksConfig(model="a,b", shallow="c")
+    with pytest.raises(ValueError, match="search_layers"):
+        ev.LongTasksConfig(model="a", search_layers=True, fastv_layer=2)

@@ -1,0 +1,66 @@
+"""The long-task training recipe (scripts/train_long_tasks.py): the extra questions a training
+prompt carries are right, and only answer bytes carry loss."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from attnprune.research.data import long_tasks as lt
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_long_tasks.py"
+
+
+@pytest.fixture(scope="module")
+def tl():
+    spec = importlib.util.spec_from_file_location("train_long_tasks", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _truth(ex: lt.LongExample, question: str) -> str:
+    """The answer of ``question`` about ``ex``'s context, worked out from the generator's own
+    example of that question (the same context, asked by the generator)."""
+    if ex.task == "vartrack":
+        var = question.rsplit(" ", 1)[1][:-1]
+        table = dict(re.findall(r"VAR (\w+) = (\w+)\.", ex.head))
+        while var in table:
+            var = table[var]
+        return f" {var}\n"
+    key = question.rsplit(" ", 1)[1][:-1]
+    return " " + " ".join(re.findall(rf"The magic number for {key} is (\d+)\.", ex.head)) + "\n"
+
+
+@pytest.mark.parametrize("task", ["multikey", "multivalue", "vartrack"])
+def test_extra_questions_are_answered_right_and_differ_from_the_examples(tl, task):
+    for i in range(5):
+        ex = lt.example(task, 1024, i, split="train", seed=3)
+        assert _truth(ex, ex.question) == ex.target  # the checker agrees with the generator
+        pairs = tl.extra_questions(ex, random.Random(i), 50)
+        assert pairs and ex.question not in [q for q, _ in pairs]
+        assert len({q for q, _ in pairs}) == len(pairs)
+        for q, target in pairs:
+            assert target == _truth(ex, q), q
+        if task == "vartrack":  # every other chain's last variable resolves to a distractor
+            assert set(ex.distractors) <= {t.strip() for _, t in pairs}
+    assert tl.extra_questions(lt.example("freqwords", 1024, 0), random.Random(0), 5) == []
+
+
+def test_a_training_row_puts_loss_on_the_answers_only(tl):
+    a = tl.parse(["--out", "unused", "--tasks", "multikey", "--questions", "4", "--text-share", "0"])
+    ids, labels = tl.Rows(a).task(700)
+    assert len(ids) == len(labels)
+    text = bytes(ids).decode()
+    answered = bytes(x for x in labels if x != -100).decode()
+    assert answered.count("\n") == 4 and text.count(lt.CUE) == 4
+    for line in answered.splitlines():
+        assert re.fullmatch(r" \d{5}", line)
+    # each supervised span follows a cue: the byte before it is the cue's last byte or a supervised one
+    for j, y in enumerate(labels):
+        if y != -100:
+            assert labels[j - 1] != -100 or text[:j].endswith(lt.CUE)
