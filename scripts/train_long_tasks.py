@@ -6,13 +6,22 @@ something to lose: a mix of the suite's training split and real text, until a de
 Each row of a batch is, with probability ``--text-share``, a window of real Python source (the
 corpus's training files: ``.py`` files of installed packages, LM loss on every byte), else an
 example of a task of the suite's training split (loss on the answer bytes only) at a length
-drawn from [``--min-length``, the current top], the top growing from ``--min-length`` to
-``--length`` over the first half of the run. AdamW, warm-up then cosine, on the larger of the
-step and the time fraction, so the deadline ends the schedule fully decayed (as the passkey
-recipe does). bf16 autocast on CUDA. At the end: the model saved with ``save_pretrained`` in
-``DIR/model``, its ``model.safetensors``'s SHA-256 printed, and each task's validation
-accuracy (greedy, exact match) at ``--length``: unpruned, and with the prompt cut to its last
-25 % (the check that the model uses its context); all of it in ``DIR/train.json``.
+drawn from [``--min-length``, the current top]. At lengths too short for a task's default
+options its counts (keys, values, chains, hops, words) are scaled down until the example fits
+(:func:`fitted_example`). A needle-task prompt carries ``--questions`` questions after its
+context (the example's own and others about the same context, :func:`extra_questions`), a
+``--recall-share`` of the extra ones as a restated needle whose value is to be copied
+(:func:`recall_lines`): one forward pass then supervises several retrievals.
+
+The top length grows from ``--min-length`` to ``--length`` either with time (over the first
+half of the run) or, with ``--grow-at A``, by mastery: 25 % each time every task's quick check
+at the current top (16 validation examples, greedy) reaches accuracy A. AdamW, warm-up, then
+cosine to the deadline (by mastery: the peak rate holds until the top is ``--length``). The
+deadline is wall time, checks included. bf16 autocast on CUDA. At the end: the model saved
+with ``save_pretrained`` in ``DIR/model``, its ``model.safetensors``'s SHA-256 printed, and
+each task's validation accuracy (greedy, exact match) at ``--length``: unpruned, and with the
+prompt cut to its last 25 % (the check that the model uses its context); all of it in
+``DIR/train.json``.
 """
 
 from __future__ import annotations
@@ -57,6 +66,8 @@ def parse(argv):
     p.add_argument("--eval-n", type=int, default=64)
     p.add_argument("--questions", type=int, default=1,
                    help="needle tasks: questions asked per training prompt (the first is the example's)")
+    p.add_argument("--recall-share", type=float, default=0.0,
+                   help="share of the extra questions asked as a restated needle (induction warm-up)")
     p.add_argument("--grow-at", type=float, default=0.0,
                    help="> 0: a curriculum by mastery: the top length starts at --min-length and grows "
                         "25 %% each time every task's quick check there reaches this accuracy; the "
@@ -104,10 +115,11 @@ _ASSIGN = re.compile(r"VAR (\w+) = (\w+)\.")
 
 
 def extra_questions(ex, rng: random.Random, k: int) -> list[tuple[str, str]]:
-    """Up to ``k`` more (question, target) pairs about the same context, read back from the
-    needles (training only: each forward pass then supervises several retrievals). Multi-key:
-    other keys; multi-value: every key, its values in order; variable tracking: any variable
-    of any chain (1 to ``hops`` hops back)."""
+    """Up to ``k`` more (tail, target) pairs about the same context, read back from the
+    needles, each tail a question with its cue as the generator writes them (training only:
+    each forward pass then supervises several retrievals). Multi-key: other keys; multi-value:
+    every key, its values in order; variable tracking: any variable of any chain (1 to
+    ``hops`` hops back)."""
     if k < 1 or ex.task not in ("multikey", "multivalue", "vartrack"):
         return []
     pairs = []
@@ -126,7 +138,7 @@ def extra_questions(ex, rng: random.Random, k: int) -> list[tuple[str, str]]:
             while v in value:
                 v = value[v]
             pairs.append((f"What is the value of VAR {var}?", f" {v}\n"))
-    pairs = [p for p in pairs if p[0] != ex.question]
+    pairs = [(f"\n{q}\n{lt.CUE}{lt.answer_prefix(ex.task, q)}", t) for q, t in pairs if q != ex.question]
     rng.shuffle(pairs)
     return pairs[:k]
 
@@ -148,6 +160,17 @@ def fitted_example(task: str, length: int, index: int, seed: int, split: str = "
             if "too short" not in str(e) or scale < 1e-3:  # the smallest counts do not fit either
                 raise
             scale *= 0.8
+
+
+def recall_lines(ex) -> list[tuple[str, str]]:
+    """The context's needles split before their value ("The magic number for KEY is", " V."):
+    a needle restated after the context, whose value an induction head copies (training only:
+    ``--recall-share`` of the extra questions take this easier form)."""
+    if ex.task in ("multikey", "multivalue"):
+        return [(f"The magic number for {k} is", f" {v}.") for k, v in _NEEDLE.findall(ex.head)]
+    if ex.task == "vartrack":
+        return [(f"VAR {k} =", f" {v}.") for k, v in _ASSIGN.findall(ex.head)]
+    return []
 
 
 class Rows:
@@ -174,8 +197,13 @@ class Rows:
         kw = {"code_packages": self.a.code_packages} if task == "code" else {}
         ex = fitted_example(task, length, self.index, self.a.seed, **kw)
         ids, labels = list(ex.head.encode()), [-100] * len(ex.head.encode())
-        for q, target in [(ex.question, ex.target)] + extra_questions(ex, self.rng, self.a.questions - 1):
-            tail = list(ex.tail.replace(ex.question, q).encode()) if q else list(ex.tail.encode())
+        extra = extra_questions(ex, self.rng, self.a.questions - 1)
+        recall = recall_lines(ex)
+        for j, (tail_text, target) in enumerate([(ex.tail, ex.target)] + extra):
+            if j and recall and self.rng.random() < self.a.recall_share:  # a needle restated
+                prefix, target = recall[self.rng.randrange(len(recall))]
+                tail_text = "\n" + prefix
+            tail = list(tail_text.encode())
             ids += tail + list(target.encode())
             labels += [-100] * len(tail) + list(target.encode())
         return ids, labels
@@ -224,7 +252,6 @@ def train(a, model, device, log):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         done += 1
-        checked = time.perf_counter()
         if a.grow_at and reached is None and (step + 1) % a.check_steps == 0:
             model.eval()
             quick = evaluate(a, model, length=top, n=16, truncated=False, quiet=True)
@@ -244,7 +271,6 @@ def train(a, model, device, log):
             model.train()
             log.append({"step": step, "quick_eval": quick, "length": max(a.min_length, top)})
             print(json.dumps(log[-1]), flush=True)
-        t0 += time.perf_counter() - checked  # the checks do not eat the training deadline
         if step % 25 == 0:
             rec = {"step": step, "loss": round(loss.item(), 4), "lr": lr, "top": top,
                    "elapsed_s": round(time.perf_counter() - t0, 1)}

@@ -12,8 +12,8 @@ from attnprune.research.data import long_tasks as lt
 # sha256 of generate(task, 4, 1024) for each synthetic task at seed 0 and 1, byte level: a
 # changed generator changes these (update them only on purpose)
 HASHES = {
-    0: "06fba8eaa388e0477e334753c6ca79fd491fd4ed660d07227722d8d9fb2338d2",
-    1: "02443366b48aa3e91c18003ea6babaf70037f41788eeeb416e7d05c77b13f8f5",
+    0: "3207a0a74f46d3fe11a3705e57170066ff7f7ebb2d56085208529d19bad61478",
+    1: "6b4435256410781993f62033a70c3f4600674be67f89c12529055e8ecb8ecdea",
 }
 
 
@@ -107,9 +107,15 @@ def test_task_structure():
 def test_question_placement():
     after = lt.example("multikey", 1024, 0, placement="after")
     before = lt.example("multikey", 1024, 0, placement="before")
-    assert after.tail == f"\n{after.question}\n{lt.CUE}" and after.question not in after.head
-    assert before.head.startswith(before.question + "\n") and before.tail == f"\n{lt.CUE}"
-    assert before.prompt.endswith(lt.CUE) and after.prompt.endswith(lt.CUE)
+    def cue(ex):  # RULER's answer prefix names the question's key
+        return f"{lt.CUE} The magic number for {ex.question.rsplit(' ', 1)[1][:-1]} is"
+    assert after.tail == f"\n{after.question}\n{cue(after)}" and after.question not in after.head
+    assert before.head.startswith(before.question + "\n") and before.tail == f"\n{cue(before)}"
+    assert before.prompt.endswith(cue(before)) and after.prompt.endswith(cue(after))
+    for task, prefix in [("multivalue", " The magic numbers for {} are"), ("vartrack", ""), ("freqwords", "")]:
+        ex = lt.example(task, 1024, 0)
+        key = ex.question.rsplit(" ", 1)[1][:-1]
+        assert ex.tail == f"\n{ex.question}\n{lt.CUE}" + prefix.format(key)
 
 
 def test_splits_are_disjoint_streams():

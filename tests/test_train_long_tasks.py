@@ -23,9 +23,10 @@ def tl():
     return mod
 
 
-def _truth(ex: lt.LongExample, question: str) -> str:
-    """The answer of ``question`` about ``ex``'s context, worked out from the generator's own
-    example of that question (the same context, asked by the generator)."""
+def _truth(ex: lt.LongExample, tail: str) -> str:
+    """The answer of the question in ``tail`` about ``ex``'s context, worked out from the
+    needles."""
+    question = tail.strip().split("\n")[0]
     if ex.task == "vartrack":
         var = question.rsplit(" ", 1)[1][:-1]
         table = dict(re.findall(r"VAR (\w+) = (\w+)\.", ex.head))
@@ -40,12 +41,15 @@ def _truth(ex: lt.LongExample, question: str) -> str:
 def test_extra_questions_are_answered_right_and_differ_from_the_examples(tl, task):
     for i in range(5):
         ex = lt.example(task, 1024, i, split="train", seed=3)
-        assert _truth(ex, ex.question) == ex.target  # the checker agrees with the generator
+        assert _truth(ex, ex.tail) == ex.target  # the checker agrees with the generator
         pairs = tl.extra_questions(ex, random.Random(i), 50)
-        assert pairs and ex.question not in [q for q, _ in pairs]
-        assert len({q for q, _ in pairs}) == len(pairs)
-        for q, target in pairs:
-            assert target == _truth(ex, q), q
+        assert pairs and ex.tail not in [t for t, _ in pairs]
+        assert len({t for t, _ in pairs}) == len(pairs)
+        for tail, target in pairs:
+            assert target == _truth(ex, tail), tail
+            # the generator's format: the question, the cue and its answer prefix for that key
+            q = tail.strip().split("\n")[0]
+            assert tail == f"\n{q}\n{lt.CUE}{lt.answer_prefix(task, q)}"
         if task == "vartrack":  # every other chain's last variable resolves to a distractor
             assert set(ex.distractors) <= {t.strip() for _, t in pairs}
     assert tl.extra_questions(lt.example("freqwords", 1024, 0), random.Random(0), 5) == []
@@ -60,7 +64,17 @@ def test_a_training_row_puts_loss_on_the_answers_only(tl):
     assert answered.count("\n") == 4 and text.count(lt.CUE) == 4
     for line in answered.splitlines():
         assert re.fullmatch(r" \d{5}", line)
-    # each supervised span follows a cue: the byte before it is the cue's last byte or a supervised one
+    # each supervised span follows a cue and its answer prefix ("… for KEY is")
     for j, y in enumerate(labels):
-        if y != -100:
-            assert labels[j - 1] != -100 or text[:j].endswith(lt.CUE)
+        if y != -100 and labels[j - 1] == -100:
+            assert re.search(r"Answer: The magic number for \w+ is$", text[:j])
+
+
+def test_recalled_needles_are_the_contexts_split_before_their_value(tl):
+    a = tl.parse(["--out", "unused", "--tasks", "multikey", "--questions", "8", "--recall-share", "1",
+                  "--text-share", "0"])
+    ids, _ = tl.Rows(a).task(700)
+    text = bytes(ids).decode()
+    head, _, after = text.partition(lt.CUE)
+    restated = [line for line in after.split("\n") if line.startswith("The magic number")]
+    assert restated and all(line in head.split("\n") for line in restated)

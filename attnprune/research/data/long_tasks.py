@@ -47,8 +47,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CUE", "LENGTHS", "PLACEMENTS", "SPLITS", "SYNTHETIC", "TASKS", "TOLERANCE",
-           "ByteTokenizer", "LongExample", "code_files", "example", "generate", "suite_hash"]
+__all__ = [
+    "CUE",
+    "LENGTHS",
+    "PLACEMENTS",
+    "SPLITS",
+    "SYNTHETIC",
+    "TASKS",
+    "TOLERANCE",
+    "ByteTokenizer",
+    "LongExample",
+    "answer_prefix",
+    "code_files",
+    "example",
+    "generate",
+    "suite_hash",
+]
 
 TASKS = ("multikey", "multivalue", "vartrack", "freqwords", "code")
 SYNTHETIC = TASKS[:4]
@@ -268,13 +282,26 @@ def _needle_task(task: str, rng: random.Random, length: int, placement: str, mea
         ordered = True
         if not distractors:
             distractors = (values[0][:-1] + str((int(values[0][-1]) + 1) % 10),)
-    tail = (f"\n{question}\n{CUE}" if placement == "after" else f"\n{CUE}")
+    cue = CUE + answer_prefix(task, question)
+    tail = (f"\n{question}\n{cue}" if placement == "after" else f"\n{cue}")
     lead = "" if placement == "after" else question + "\n"
     budget = length - measure(tail) - measure(lead)
     units = _fill(rng, needles, budget, measure, "\n", length, task)
     keep = {i for i, u in enumerate(units) if u in needles}
     units = _fit(units, keep, lambda us: measure(lead + "\n".join(us)) + measure(tail), length, task)
     return LongExample(task, lead + "\n".join(units), tail, question, answers, distractors, ordered)
+
+
+def answer_prefix(task: str, question: str) -> str:
+    """What follows the cue before the answer: for the needle tasks the answer's sentence up to
+    the value, naming the question's key, as RULER's answer prefixes do ("The magic number for
+    KEY is"); empty for the others."""
+    key = question.rsplit(" ", 1)[-1].rstrip("?")
+    if task == "multikey":
+        return f" The magic number for {key} is"
+    if task == "multivalue":
+        return f" The magic numbers for {key} are"
+    return ""
 
 
 def _freqwords(rng: random.Random, length: int, placement: str, measure, opts: dict) -> LongExample:

@@ -225,8 +225,15 @@ def encode(tokenizer, ex: lt.LongExample) -> tuple[list[int], list[int], int]:
 def evaluate(model: nn.Module, tokenizer, examples: list[lt.LongExample], specs: dict[str, dict],
              question: str = "prompt", max_new_tokens: int = 0, progress=None) -> dict[str, dict]:
     """label → {"right": per-example bools, "outputs": texts, "ttft_s", "decode_s": per-example
-    times}: every variant on the same examples, one after the other per example."""
+    times}: every variant on the same examples, one after the other per example (interleaved,
+    so a change of load hits all variants alike), after an untimed warm-up round."""
     res = {label: {"right": [], "outputs": [], "ttft_s": [], "decode_s": []} for label in specs}
+    if examples:  # a warm-up round on the first example, untimed (first-call costs)
+        head, tail, n_target = encode(tokenizer, examples[0])
+        n_prefilled = len(head) + (len(tail) if question == "prompt" else 0)
+        for spec in specs.values():
+            answer(model, head, tail, max_new_tokens or n_target, question,
+                   **_prefill_options(spec, n_prefilled))
     for i, ex in enumerate(examples):
         head, tail, n_target = encode(tokenizer, ex)
         n_new = max_new_tokens or n_target
