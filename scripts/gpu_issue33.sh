@@ -22,20 +22,20 @@ set -uo pipefail
 OUT=${OUT:-${OUT_DIR:-/tmp/gpu33}}
 DEVICE=${DEVICE:-cuda}
 QUICK=${QUICK:-false}
-MINUTES=${MINUTES:-3.5}            # each model's training deadline (all six run at once)
+MINUTES=${MINUTES:-3}              # each model's training deadline (all six run at once)
 LENGTH=${LENGTH:-2048}
 TASKS=${TASKS:-multikey,multivalue,vartrack,freqwords}
 SEEDS=${SEEDS:-0 1 2}
 SHAPE=(--layers 4 --width 128 --heads 4 --kv-heads 2 --ffn 384)
 SHALLOW=(--layers 2 --width 128 --heads 4 --kv-heads 2 --ffn 384)
-RECIPE=(--min-length 128 --batch 32 --batch-tokens 16384 --questions 8 --recall-share 0.3
+RECIPE=(--min-length 160 --batch 32 --batch-tokens 16384 --questions 8 --recall-share 0.3
         --grow-at 0.9 --check-steps 200 --lr 2e-3 --text-share 0.1 --eval-n 32)
 THREADS=2
 if [[ $QUICK == true ]]; then
   MINUTES=0.1 LENGTH=256 SEEDS="0 1"
   SHAPE=(--layers 2 --width 32 --heads 2 --kv-heads 1 --ffn 64)
   SHALLOW=(--layers 1 --width 32 --heads 2 --kv-heads 1 --ffn 64)
-  RECIPE=(--min-length 128 --batch 4 --questions 4 --recall-share 0.3 --grow-at 0.9
+  RECIPE=(--min-length 160 --batch 4 --questions 4 --recall-share 0.3 --grow-at 0.9
           --check-steps 5 --lr 2e-3 --text-share 0.1 --eval-n 2)
   THREADS=1
 fi

@@ -14,9 +14,11 @@ context (the example's own and others about the same context, :func:`extra_quest
 (:func:`recall_lines`): one forward pass then supervises several retrievals.
 
 The top length grows from ``--min-length`` to ``--length`` either with time (over the first
-half of the run) or, with ``--grow-at A``, by mastery: 25 % each time every task's quick check
-at the current top (16 validation examples, greedy) reaches accuracy A. AdamW, warm-up, then
-cosine to the deadline (by mastery: the peak rate holds until the top is ``--length``). The
+half of the run) or, with ``--grow-at A``, by mastery: each task has its own top, which grows
+by 25 % each time the task's quick check there (16 validation examples, greedy) reaches
+accuracy A, so a task not yet learned does not hold the others back. AdamW, warm-up, then
+cosine to the deadline (by mastery: the peak rate holds until every task's top is
+``--length``, or until 75 % of the run, whichever comes first). The
 deadline is wall time, checks included. bf16 autocast on CUDA. At the end: the model saved
 with ``save_pretrained`` in ``DIR/model``, its ``model.safetensors``'s SHA-256 printed, and
 each task's validation accuracy (greedy, exact match) at ``--length``: unpruned, and with the
@@ -143,13 +145,15 @@ def extra_questions(ex, rng: random.Random, k: int) -> list[tuple[str, str]]:
     return pairs[:k]
 
 
-def fitted_example(task: str, length: int, index: int, seed: int, split: str = "train", **kw) -> lt.LongExample:
+def fitted_example(task: str, length: int, index: int, seed: int, split: str = "train",
+                   scale: float = 1.0, **kw) -> lt.LongExample:
     """The training example of ``task`` at ``length`` with the task's default options, or, where
     they do not fit (short curriculum lengths), with its counts (keys, values, chains, hops,
     words) scaled down until they do: short prompts hold fewer needles, so the retrieval is
-    learned first on short, dense prompts and then stretched."""
+    learned first on short, dense prompts and then stretched. ``scale`` < 1 starts from
+    that share of the default counts (training draws it as u², u uniform, so one-needle prompts,
+    where copying is learned, stay in every batch)."""
     counts = {k: v for k, v in lt.OPTIONS[task].items() if k in ("keys", "values", "chains", "hops", "words")}
-    scale = 1.0
     while True:
         opts = {k: max(lt._LOWER[k], round(v * scale)) for k, v in counts.items()}
         if task == "freqwords":
@@ -191,11 +195,10 @@ class Rows:
                 return ids, ids
         raise RuntimeError("no training file long enough for a real-text window")
 
-    def task(self, length: int) -> tuple[list[int], list[int]]:
-        task = self.rng.choice(self.a.tasks)
+    def task(self, length: int, task: str) -> tuple[list[int], list[int]]:
         self.index += 1
         kw = {"code_packages": self.a.code_packages} if task == "code" else {}
-        ex = fitted_example(task, length, self.index, self.a.seed, **kw)
+        ex = fitted_example(task, length, self.index, self.a.seed, scale=self.rng.random() ** 2, **kw)
         ids, labels = list(ex.head.encode()), [-100] * len(ex.head.encode())
         extra = extra_questions(ex, self.rng, self.a.questions - 1)
         recall = recall_lines(ex)
@@ -208,11 +211,16 @@ class Rows:
             labels += [-100] * len(tail) + list(target.encode())
         return ids, labels
 
-    def batch(self, top: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def batch(self, tops: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A batch at the tasks' current top lengths (``tops``: task → top; real text at the
+        longest of them)."""
         rows = []
-        for _ in range(max(self.a.batch, self.a.batch_tokens // top)):
-            L = self.rng.randrange(self.a.min_length, top + 1)
-            rows.append(self.text(L) if self.rng.random() < self.a.text_share else self.task(L))
+        for _ in range(max(self.a.batch, self.a.batch_tokens // max(tops.values()))):
+            if self.rng.random() < self.a.text_share:
+                rows.append(self.text(self.rng.randrange(self.a.min_length, max(tops.values()) + 1)))
+            else:
+                task = self.rng.choice(self.a.tasks)
+                rows.append(self.task(self.rng.randrange(self.a.min_length, tops[task] + 1), task))
         n = max(len(r[0]) for r in rows)  # right padding: no loss, no attention
         ids = torch.zeros(len(rows), n, dtype=torch.long)
         labels = torch.full((len(rows), n), -100, dtype=torch.long)
@@ -229,7 +237,9 @@ def train(a, model, device, log):
     deadline, warm = a.max_minutes * 60, max(1, a.steps // 50)
     t0, done = time.perf_counter(), 0
     last_eval = t0
-    top, reached = a.min_length, None  # --grow-at: the fraction of the run when top hit --length
+    # --grow-at: each task's own top length, and the fraction of the run when the curriculum
+    # ended (every task at --length, or 75 % of the run: the learning rate decays after it)
+    tops, reached = dict.fromkeys(a.tasks, a.min_length), None
     for step in range(a.steps):
         frac = max(step / a.steps, (time.perf_counter() - t0) / deadline)
         if frac >= 1.0 and step:
@@ -237,14 +247,16 @@ def train(a, model, device, log):
         # warm-up over the first 2 % of the schedule, by steps or by time, whichever is first
         rise = min(1.0, max((step + 1) / warm, frac / 0.02))
         if a.grow_at:  # peak until the curriculum is done, then cosine to the deadline
+            if reached is None and frac >= 0.75:
+                reached = frac
             decay = 0.0 if reached is None else (frac - reached) / max(1e-9, 1.0 - reached)
         else:
             decay = frac
-            top = a.min_length + int((a.length - a.min_length) * min(1.0, 2 * frac))
+            tops = dict.fromkeys(a.tasks, a.min_length + int((a.length - a.min_length) * min(1.0, 2 * frac)))
         lr = a.lr * rise * 0.5 * (1 + math.cos(math.pi * min(decay, 1.0)))
         for g in opt.param_groups:
             g["lr"] = lr
-        ids, labels, mask = (t.to(device) for t in rows.batch(top))
+        ids, labels, mask = (t.to(device) for t in rows.batch(tops))
         with torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else _null():
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
@@ -254,29 +266,30 @@ def train(a, model, device, log):
         done += 1
         if a.grow_at and reached is None and (step + 1) % a.check_steps == 0:
             model.eval()
-            quick = evaluate(a, model, length=top, n=16, truncated=False, quiet=True)
+            quick = evaluate(a, model, lengths=tops, n=16, truncated=False, quiet=True)
             model.train()
-            worst = min(v["full"] for v in quick.values())
-            log.append({"step": step, "quick_eval": quick, "length": top})
-            if worst >= a.grow_at:
-                top = min(a.length, int(top * 1.25))
-                if top == a.length:
-                    reached = frac
-                log[-1]["grown_to"] = top
+            log.append({"step": step, "quick_eval": quick, "lengths": dict(tops)})
+            grown = {t: min(a.length, int(tops[t] * 1.25)) for t, v in quick.items()
+                     if v["full"] >= a.grow_at and tops[t] < a.length}
+            tops.update(grown)
+            if grown:
+                log[-1]["grown_to"] = grown
+            if all(v == a.length for v in tops.values()):
+                reached = frac
             print(json.dumps(log[-1]), flush=True)
         elif a.eval_every and time.perf_counter() - last_eval >= a.eval_every * 60:
             last_eval = time.perf_counter()
             model.eval()
-            quick = evaluate(a, model, length=max(a.min_length, top), n=16, truncated=False, quiet=True)
+            quick = evaluate(a, model, lengths=tops, n=16, truncated=False, quiet=True)
             model.train()
-            log.append({"step": step, "quick_eval": quick, "length": max(a.min_length, top)})
+            log.append({"step": step, "quick_eval": quick, "lengths": dict(tops)})
             print(json.dumps(log[-1]), flush=True)
         if step % 25 == 0:
-            rec = {"step": step, "loss": round(loss.item(), 4), "lr": lr, "top": top,
+            rec = {"step": step, "loss": round(loss.item(), 4), "lr": lr, "top": max(tops.values()),
                    "elapsed_s": round(time.perf_counter() - t0, 1)}
             log.append(rec)
             print(json.dumps(rec), flush=True)
-    log.append({"steps_done": done, "train_s": round(time.perf_counter() - t0, 1), "top_reached": top,
+    log.append({"steps_done": done, "train_s": round(time.perf_counter() - t0, 1), "tops_reached": tops,
                 "curriculum_done_at": reached})
 
 
@@ -286,15 +299,16 @@ def _null():
     return contextlib.nullcontext()
 
 
-def evaluate(a, model, length: int | None = None, n: int | None = None, truncated: bool = True,
-             quiet: bool = False) -> dict:
-    """Each task's validation accuracy at ``--length``: unpruned and the last 25 % only."""
-    length, n = length or a.length, n or a.eval_n
+def evaluate(a, model, lengths: dict[str, int] | None = None, n: int | None = None,
+             truncated: bool = True, quiet: bool = False) -> dict:
+    """Each task's validation accuracy (greedy, exact match) at its length in ``lengths``
+    (default: ``--length`` for all): unpruned and, with ``truncated``, the last 25 % only."""
+    lengths, n = lengths or dict.fromkeys(a.tasks, a.length), n or a.eval_n
     specs = {"full": {"kind": "full", "keep": 1.0}}
     if truncated:
         specs["last 25 %"] = {"kind": "recent", "keep": 0.25}
     tok, out = lt.ByteTokenizer(), {}
-    for task in a.tasks:
+    for task, length in lengths.items():
         kw = {"code_packages": a.code_packages} if task == "code" else {}
         exs = [fitted_example(task, length, i, a.seed, "validation", **kw) for i in range(n)]
         res = ev.evaluate(model, tok, exs, specs)

@@ -96,7 +96,8 @@ def test_rows_pair_each_variant_with_full_example_by_example():
 def test_config_errors_name_the_option():
     for bad, name in [({"tasks": ("needle",)}, "tasks"), ({"question": "inside"}, "question"),
                       ({"keeps": (1.0,)}, "keeps"), ({"methods": ("snapkv",)}, "methods"),
-                      ({"placement": "middle"}, "placement"), ({"split": "dev"}, "split")]:
+                      ({"placement": "middle"}, "placement"), ({"split": "dev"}, "split"),
+                      ({"lengths": (256,), "tasks": ("multikey",)}, "lengths: length: 256 is too short")]:
         with pytest.raises(ValueError, match=name):
             ev.LongTasksConfig(**bad)
 

@@ -57,7 +57,7 @@ def test_extra_questions_are_answered_right_and_differ_from_the_examples(tl, tas
 
 def test_a_training_row_puts_loss_on_the_answers_only(tl):
     a = tl.parse(["--out", "unused", "--tasks", "multikey", "--questions", "4", "--text-share", "0"])
-    ids, labels = tl.Rows(a).task(700)
+    ids, labels = tl.Rows(a).task(700, "multikey")
     assert len(ids) == len(labels)
     text = bytes(ids).decode()
     answered = bytes(x for x in labels if x != -100).decode()
@@ -73,8 +73,22 @@ def test_a_training_row_puts_loss_on_the_answers_only(tl):
 def test_recalled_needles_are_the_contexts_split_before_their_value(tl):
     a = tl.parse(["--out", "unused", "--tasks", "multikey", "--questions", "8", "--recall-share", "1",
                   "--text-share", "0"])
-    ids, _ = tl.Rows(a).task(700)
+    ids, _ = tl.Rows(a).task(700, "multikey")
     text = bytes(ids).decode()
     head, _, after = text.partition(lt.CUE)
     restated = [line for line in after.split("\n") if line.startswith("The magic number")]
     assert restated and all(line in head.split("\n") for line in restated)
+
+
+def test_each_task_trains_at_its_own_top_length(tl):
+    a = tl.parse(["--out", "unused", "--tasks", "multikey,vartrack", "--questions", "1", "--text-share", "0", "--min-length", "128",
+                  "--batch", "64"])
+    rows = tl.Rows(a)
+    ids, _, mask = rows.batch({"multikey": 200, "vartrack": 600})
+    lengths = {"multikey": [], "vartrack": []}
+    for row, m in zip(ids, mask):
+        text = bytes(row[m.bool()].tolist()).decode()
+        lengths["vartrack" if "VAR " in text else "multikey"].append(len(text))
+    # a row's prompt is at most its task's top (its answer follows the prompt)
+    assert lengths["multikey"] and max(lengths["multikey"]) <= 200 + 10
+    assert lengths["vartrack"] and max(lengths["vartrack"]) > 300
