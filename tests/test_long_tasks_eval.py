@@ -12,17 +12,21 @@ from attnprune.research.data import long_tasks as lt
 from attnprune.research.experiments import long_tasks as ev
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
+def _tiny_llama(tmp_path_factory, layers: int, seed: int) -> str:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    conf = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+    torch.manual_seed(seed)
+    conf = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
                        bos_token_id=None, eos_token_id=None, pad_token_id=0)
-    path = tmp_path_factory.mktemp("tiny") / "model"
+    path = tmp_path_factory.mktemp(f"tiny{layers}") / "model"
     LlamaForCausalLM(conf).save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return _tiny_llama(tmp_path_factory, layers=3, seed=0)
 
 
 def test_question_after_the_prefill_decodes_the_tail_as_the_full_prompt_would(model_dir):
@@ -126,15 +130,7 @@ def test_controls_pair_the_scoring_with_random_and_recent_at_its_keep():
 
 @pytest.fixture(scope="module")
 def shallow_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(1)
-    conf = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-                       bos_token_id=None, eos_token_id=None, pad_token_id=0)
-    path = tmp_path_factory.mktemp("tiny1") / "model"
-    LlamaForCausalLM(conf).save_pretrained(path)
-    return str(path)
+    return _tiny_llama(tmp_path_factory, layers=1, seed=1)
 
 
 def test_seeds_pool_with_shallow_controls_and_searched_layers_and_resume(model_dir, shallow_dir, tmp_path,

@@ -165,51 +165,46 @@ def answer(model: nn.Module, head: list[int], tail: list[int], max_new_tokens: i
            question: str = "prompt", timings: dict | None = None, **options) -> list[int]:
     """Greedy tokens after a pruned prefill: of ``head + tail`` (``question`` "prompt"), or of
     ``head`` with ``tail`` then decoded through the pruned cache ("after"). ``options``:
-    :class:`attnprune.prefill.PrefillConfig`'s fields. ``timings``: filled with "ttft_s" (to
-    the first answer token's logits) and "decode_s" (the mean of the later steps; None for a
-    one-token answer)."""
+    :class:`attnprune.prefill.PrefillConfig`'s fields; ``keep`` 1.0 runs the stock forward and
+    its DynamicCache (no scoring pass), so the unpruned TTFT is what a user of the model pays.
+    ``timings``: filled with "ttft_s" (to the first answer token's logits) and "decode_s"
+    (the mean of the later steps; None for a one-token answer)."""
+    if options.get("keep") == 1.0:
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+
+        def step(ids: list[int]) -> torch.Tensor:
+            return model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True).logits[0, -1]
+
+        def start(ids: list[int], n_new: int) -> torch.Tensor:
+            return step(ids)
+    else:
+        from attnprune.prefill import decode, prefill
+
+        state = None
+
+        def step(ids: list[int]) -> torch.Tensor:
+            return decode(state, torch.tensor([ids]))[0]
+
+        def start(ids: list[int], n_new: int) -> torch.Tensor:
+            nonlocal state
+            state = prefill(model, torch.tensor([ids]), max_new_tokens=n_new, **options)
+            return state.logits[0]
+    return _greedy(start, step, head, tail, max_new_tokens, question, timings)
+
+
+def _greedy(start, step, head: list[int], tail: list[int], max_new_tokens: int, question: str,
+            timings: dict | None) -> list[int]:
+    """The timed greedy loop of :func:`answer`: ``start(ids, n_new)`` prefills and returns the
+    last logits, ``step(ids)`` decodes one token through the cache."""
     import time
 
-    from attnprune.prefill import decode, prefill
-
-    if options.get("keep") == 1.0:  # unpruned: the stock model's own prefill and cache
-        return _stock_answer(model, head, tail, max_new_tokens, question, timings)
     t0 = time.perf_counter()
     if question == "prompt" or not tail:
-        state = prefill(model, torch.tensor([head + tail]), max_new_tokens=max_new_tokens, **options)
-        logits = state.logits
+        logits = start(head + tail, max_new_tokens)
     else:
-        state = prefill(model, torch.tensor([head]), max_new_tokens=len(tail) + max_new_tokens, **options)
-        for t in tail:
-            logits = decode(state, torch.tensor([[t]]))
-    out: list[int] = [int(logits[0].argmax())]
-    t1 = time.perf_counter()
-    for _ in range(max_new_tokens - 1):
-        logits = decode(state, torch.tensor([[out[-1]]]))
-        out.append(int(logits[0].argmax()))
-    if timings is not None:
-        timings["ttft_s"] = t1 - t0
-        timings["decode_s"] = (time.perf_counter() - t1) / (max_new_tokens - 1) if max_new_tokens > 1 else None
-    return out
-
-
-@torch.inference_mode()
-def _stock_answer(model: nn.Module, head: list[int], tail: list[int], max_new_tokens: int,
-                  question: str, timings: dict | None) -> list[int]:
-    """:func:`answer` through the stock forward and its DynamicCache (no scoring pass), so the
-    unpruned TTFT is what a user of the model pays."""
-    import time
-
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    step = lambda ids: model(input_ids=torch.tensor([ids]), past_key_values=cache,
-                             use_cache=True).logits[0, -1]
-    t0 = time.perf_counter()
-    if question == "prompt" or not tail:
-        logits = step(head + tail)
-    else:
-        logits = step(head)
+        logits = start(head, len(tail) + max_new_tokens)
         for t in tail:
             logits = step([t])
     out: list[int] = [int(logits.argmax())]
