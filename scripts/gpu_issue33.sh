@@ -26,10 +26,13 @@ MINUTES=${MINUTES:-3}              # each model's training deadline (all six run
 LENGTH=${LENGTH:-2048}
 TASKS=${TASKS:-multikey,multivalue,vartrack,freqwords}
 SEEDS=${SEEDS:-0 1 2}
+TOKENIZER=${TOKENIZER:-bytes}      # or e.g. "bpe:1024 --syllable-tokens" (then the side-by-side
+                                   # takes --tokenizer FILES/seed0/model)
+LR=${LR:-2e-3}
 SHAPE=(--layers 4 --width 128 --heads 4 --kv-heads 2 --ffn 384)
 SHALLOW=(--layers 2 --width 128 --heads 4 --kv-heads 2 --ffn 384)
 RECIPE=(--min-length 160 --batch 32 --batch-tokens 16384 --questions 8 --recall-share 0.3
-        --grow-at 0.9 --check-steps 200 --lr 2e-3 --text-share 0.1 --eval-n 32)
+        --grow-at 0.9 --check-steps 200 --lr "$LR" --text-share 0.1 --eval-n 32)
 THREADS=2
 if [[ $QUICK == true ]]; then
   MINUTES=0.1 LENGTH=256 SEEDS="0 1"
@@ -51,9 +54,11 @@ train() {  # train NAME ARGS...: one model into $OUT/NAME, its log $OUT/NAME.log
   shift
   rm -rf "${OUT:?}/$name"
   # the deadline covers training; the check after it is bounded too
+  # shellcheck disable=SC2086  # $TOKENIZER may hold options: split on purpose
   timeout --kill-after=10 $(python3 -c "print(int($MINUTES * 60 + 60))") \
     python3 scripts/train_long_tasks.py --out "$OUT/$name" --device "$DEVICE" --threads "$THREADS" \
-    --max-minutes "$MINUTES" --length "$LENGTH" --tasks "$TASKS" "${RECIPE[@]}" "$@" > "$OUT/$name.log" 2>&1
+    --max-minutes "$MINUTES" --length "$LENGTH" --tasks "$TASKS" --tokenizer $TOKENIZER "${RECIPE[@]}" "$@" \
+    > "$OUT/$name.log" 2>&1
   rc=$?
   echo "$name rc=$rc took=$((SECONDS - t0))s" >> "$OUT/STEPS.txt"
 }

@@ -1,7 +1,12 @@
-"""Train a small byte-level Llama on the long-context suite (issue 33) so that pruning has
-something to lose: a mix of the suite's training split and real text, until a deadline.
+"""Train a small Llama on the long-context suite (issue 33) so that pruning has something to
+lose: a mix of the suite's training split and real text, until a deadline.
 
     python scripts/train_long_tasks.py --out DIR [--device cuda] [--max-minutes 4] [--length 1024]
+        [--tokenizer bytes | bpe:N [--syllable-tokens] [--digits-per-token K]]
+
+Tokens: bytes (ids 0 … 255), or a byte-level BPE learned here (:func:`build_tokenizer`) and saved
+beside the weights, so ``attnprune reproduce long-tasks --tokenizer DIR/model`` reads the same
+ids; lengths (``--length``, ``--min-length``) are in these tokens.
 
 Each row of a batch is, with probability ``--text-share``, a window of real Python source (the
 corpus's training files: ``.py`` files of installed packages, LM loss on every byte), else an
@@ -29,6 +34,7 @@ prompt cut to its last 25 % (the check that the model uses its context); all of 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -80,6 +86,14 @@ def parse(argv):
                    help="minutes between quick validation checks during training (0: none)")
     p.add_argument("--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)")
     p.add_argument("--code-packages", default=",".join(lt.DEFAULT_PACKAGES))
+    p.add_argument("--tokenizer", default="bytes",
+                   help="'bytes' (ids 0 … 255) or 'bpe:N': a byte-level BPE of N tokens trained on the "
+                        "training split (digits one by one), saved with the model; lengths are in its tokens")
+    p.add_argument("--digits-per-token", type=int, default=1, choices=[1, 2, 3],
+                   help="bpe: a number is split into chunks of up to this many digits, each one token")
+    p.add_argument("--syllable-tokens", action="store_true",
+                   help="bpe: split lowercase text into consonant-vowel syllables first (the suite's "
+                        "keys are three of them), so a key ends in one of 70 syllable tokens")
     a = p.parse_args(argv)
     a.tasks = tuple(t for t in a.tasks.split(",") if t)
     a.code_packages = tuple(x for x in a.code_packages.split(",") if x)
@@ -96,16 +110,74 @@ def parse(argv):
         p.error(f"--grow-at: in [0, 1] and --check-steps ≥ 1, got {a.grow_at} and {a.check_steps}")
     if a.max_minutes <= 0 or a.batch < 1 or a.steps < 1 or a.eval_n < 1 or a.questions < 1:
         p.error("--max-minutes, --batch, --steps, --eval-n, --questions: must be > 0")
+    if a.tokenizer != "bytes":
+        m = re.fullmatch(r"bpe:(\d+)", a.tokenizer)
+        if not m or not 300 <= int(m.group(1)) <= 65_536:
+            p.error(f"--tokenizer: 'bytes' or 'bpe:N' with N in [300, 65536], got {a.tokenizer!r}")
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device: cuda asked for, but torch sees no CUDA device")
     return a
 
 
-def build_model(a):
+def build_tokenizer(a):
+    """``--tokenizer``: the byte tokenizer, or a byte-level BPE (``tokenizers``' trainer) of N
+    tokens learned from training-split text only: each synthetic task's prompts, questions and
+    answers at 2,048 bytes and 200 windows of the code corpus's training files, the same for
+    every seed and task mix (seeds share one tokenizer). Numbers are split first into chunks of
+    up to ``--digits-per-token`` digits (1: digit by digit, as Llama's tokenizer does; a space
+    before a number stays with its first chunk); with chunks > 1 every chunk is put in the
+    training text so that each is one token. ``<pad>`` is id 0. Deterministic: the same text
+    in the same order."""
+    if a.tokenizer == "bytes":
+        return lt.ByteTokenizer()
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    rng, texts = random.Random("train_long_tasks:bpe"), []
+    for task in lt.SYNTHETIC:
+        for i in range(40):
+            ex = lt.example(task, 2048, 10_000_000 + i, split="train", seed=0)
+            texts += [ex.head, ex.tail, ex.target] + [q + t for q, t in extra_questions(ex, rng, 8)]
+    files = lt.code_files("train", lt.DEFAULT_PACKAGES)
+    for _ in range(200):
+        raw = Path(files[rng.randrange(len(files))][1]).read_text("utf-8", errors="replace")
+        s = rng.randrange(max(1, len(raw) - 4096))
+        texts.append(raw[s:s + 4096])
+    # pieces that must each be one token, with a space before and without, put in the text 50
+    # times: every chunk of up to --digits-per-token digits (when > 1) and, with
+    # --syllable-tokens, every syllable
+    pieces = [f"{i:0{k}d}" for k in range(2, a.digits_per_token + 1) for i in range(10 ** k)]
+    pieces = [str(i) for i in range(10)] + pieces if pieces else []
+    pieces += [c + v for c in lt.CONSONANTS for v in lt.VOWELS] if a.syllable_tokens else []
+    texts += ["\n".join(pieces)] * 50 + ["".join(f" {c}" for c in pieces)] * 50 if pieces else []
+    n = int(a.tokenizer.split(":")[1])
+    bpe = Tokenizer(models.BPE())
+    chunk = pre_tokenizers.Split(Regex(rf" ?[0-9]{{1,{a.digits_per_token}}}"), "isolated")
+    splits = [chunk]
+    if a.syllable_tokens:
+        splits.append(pre_tokenizers.Split(Regex(f" ?[{lt.CONSONANTS}][{lt.VOWELS}]"), "isolated"))
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([*splits, pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=n, special_tokens=["<pad>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    vocab = bpe.get_vocab()
+    short = sum(c not in vocab or "Ġ" + c not in vocab for c in pieces)
+    if short:
+        raise ValueError(f"--tokenizer: {n} tokens leave {short} of the {len(pieces)} digit chunks and "
+                         f"syllables (with a space before and without) in pieces; ask for more tokens")
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+
+
+def _encode(tok, text: str) -> list[int]:
+    return list(tok.encode(text, add_special_tokens=False)) if text else []
+
+
+def build_model(a, vocab_size: int = 256):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(a.seed)
-    conf = LlamaConfig(vocab_size=256, hidden_size=a.width, intermediate_size=a.ffn,
+    conf = LlamaConfig(vocab_size=vocab_size, hidden_size=a.width, intermediate_size=a.ffn,
                        num_hidden_layers=a.layers, num_attention_heads=a.heads,
                        num_key_value_heads=a.kv_heads, max_position_embeddings=2 * a.length,
                        bos_token_id=None, eos_token_id=None, pad_token_id=0, tie_word_embeddings=True)
@@ -180,8 +252,9 @@ def recall_lines(ex) -> list[tuple[str, str]]:
 class Rows:
     """Training rows: (ids, labels) lists, task examples or real-text windows, seeded."""
 
-    def __init__(self, a):
+    def __init__(self, a, tok=None):
         self.a, self.rng, self.index = a, random.Random(f"train_long_tasks:{a.seed}"), 0
+        self.tok = tok or lt.ByteTokenizer()
         self.files = lt.code_files("train", a.code_packages) if a.text_share or "code" in a.tasks else []
         self.texts: dict[str, str] = {}
 
@@ -191,24 +264,32 @@ class Rows:
             raw = Path(path).read_bytes()
             if len(raw) > length + 1 and raw.isascii():
                 s = self.rng.randrange(len(raw) - length)
-                ids = list(raw[s:s + length])
+                if self.a.tokenizer == "bytes":
+                    ids = list(raw[s:s + length])
+                else:  # a token is ≥ 1 byte: a window of `length` bytes holds ≤ `length` tokens
+                    ids = _encode(self.tok, raw[s:].decode())[:length]
+                    if len(ids) < length:
+                        continue
                 return ids, ids
         raise RuntimeError("no training file long enough for a real-text window")
 
     def task(self, length: int, task: str) -> tuple[list[int], list[int]]:
         self.index += 1
         kw = {"code_packages": self.a.code_packages} if task == "code" else {}
-        ex = fitted_example(task, length, self.index, self.a.seed, scale=self.rng.random() ** 2, **kw)
-        ids, labels = list(ex.head.encode()), [-100] * len(ex.head.encode())
+        ex = fitted_example(task, length, self.index, self.a.seed, scale=self.rng.random() ** 2,
+                            tokenizer=None if self.a.tokenizer == "bytes" else self.tok, **kw)
+        enc = functools.partial(_encode, self.tok)
+        ids = enc(ex.head)
+        labels = [-100] * len(ids)
         extra = extra_questions(ex, self.rng, self.a.questions - 1)
         recall = recall_lines(ex)
         for j, (tail_text, target) in enumerate([(ex.tail, ex.target)] + extra):
             if j and recall and self.rng.random() < self.a.recall_share:  # a needle restated
                 prefix, target = recall[self.rng.randrange(len(recall))]
                 tail_text = "\n" + prefix
-            tail = list(tail_text.encode())
-            ids += tail + list(target.encode())
-            labels += [-100] * len(tail) + list(target.encode())
+            tail, answer = enc(tail_text), enc(target)
+            ids += tail + answer
+            labels += [-100] * len(tail) + answer
         return ids, labels
 
     def batch(self, tops: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -230,8 +311,8 @@ class Rows:
         return ids, labels, mask
 
 
-def train(a, model, device, log):
-    rows = Rows(a)
+def train(a, model, tok, device, log):
+    rows = Rows(a, tok)
     fused = {"fused": True} if device.type == "cuda" else {}
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01, **fused)
     deadline, warm = a.max_minutes * 60, max(1, a.steps // 50)
@@ -266,7 +347,7 @@ def train(a, model, device, log):
         done += 1
         if a.grow_at and reached is None and (step + 1) % a.check_steps == 0:
             model.eval()
-            quick = evaluate(a, model, lengths=tops, n=16, truncated=False, quiet=True)
+            quick = evaluate(a, model, tok, lengths=tops, n=16, truncated=False, quiet=True)
             model.train()
             log.append({"step": step, "quick_eval": quick, "lengths": dict(tops)})
             grown = {t: min(a.length, int(tops[t] * 1.25)) for t, v in quick.items()
@@ -280,7 +361,7 @@ def train(a, model, device, log):
         elif a.eval_every and time.perf_counter() - last_eval >= a.eval_every * 60:
             last_eval = time.perf_counter()
             model.eval()
-            quick = evaluate(a, model, lengths=tops, n=16, truncated=False, quiet=True)
+            quick = evaluate(a, model, tok, lengths=tops, n=16, truncated=False, quiet=True)
             model.train()
             log.append({"step": step, "quick_eval": quick, "lengths": dict(tops)})
             print(json.dumps(log[-1]), flush=True)
@@ -299,7 +380,7 @@ def _null():
     return contextlib.nullcontext()
 
 
-def evaluate(a, model, lengths: dict[str, int] | None = None, n: int | None = None,
+def evaluate(a, model, tok, lengths: dict[str, int] | None = None, n: int | None = None,
              truncated: bool = True, quiet: bool = False) -> dict:
     """Each task's validation accuracy (greedy, exact match) at its length in ``lengths``
     (default: ``--length`` for all): unpruned and, with ``truncated``, the last 25 % only."""
@@ -307,15 +388,25 @@ def evaluate(a, model, lengths: dict[str, int] | None = None, n: int | None = No
     specs = {"full": {"kind": "full", "keep": 1.0}}
     if truncated:
         specs["last 25 %"] = {"kind": "recent", "keep": 0.25}
-    tok, out = lt.ByteTokenizer(), {}
+    out = {}
     for task, length in lengths.items():
         kw = {"code_packages": a.code_packages} if task == "code" else {}
+        if a.tokenizer != "bytes":
+            kw["tokenizer"] = tok
         exs = [fitted_example(task, length, i, a.seed, "validation", **kw) for i in range(n)]
         res = ev.evaluate(model, tok, exs, specs)
         out[task] = {k: sum(v["right"]) / len(v["right"]) for k, v in res.items()}
+        if task in ("multikey", "vartrack"):  # answered a distractor (another needle's value)
+            out[task]["distractor"] = sum(
+                o.split("\n", 1)[0].split() in [[d] for d in ex.distractors]
+                for o, ex in zip(res["full"]["outputs"], exs)) / len(exs)
+        wrong = [f"{' '.join(ex.answers)} -> {o.split(chr(10), 1)[0].strip()}"
+                 for o, r, ex in zip(res["full"]["outputs"], res["full"]["right"], exs) if not r]
+        if quiet and wrong:  # the quick checks log two wrong answers (what the model confuses)
+            out[task]["wrong"] = wrong[:2]
         if not quiet:
             print(f"{task:<11} " + "  ".join(f"{k} {v:.3f}" for k, v in out[task].items())
-                  + f"  (n {n}, {length} bytes)", flush=True)
+                  + f"  (n {n}, {length} {'bytes' if a.tokenizer == 'bytes' else 'tokens'})", flush=True)
     return out
 
 
@@ -327,15 +418,18 @@ def main(argv=None) -> int:
                           else "cpu")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    model = build_model(a).to(device).train()
+    tok = build_tokenizer(a)
+    model = build_model(a, len(tok) if a.tokenizer != "bytes" else 256).to(device).train()
     print(f"{sum(p.numel() for p in model.parameters()):,} parameters on {device}", flush=True)
     log: list = []
-    train(a, model, device, log)
+    train(a, model, tok, device, log)
     model = model.float().cpu().eval()
     model.save_pretrained(out / "model")
+    if a.tokenizer != "bytes":
+        tok.save_pretrained(out / "model")
     sha = hashlib.sha256((out / "model" / "model.safetensors").read_bytes()).hexdigest()
     print(f"model.safetensors sha256 {sha}", flush=True)
-    accuracy = evaluate(a, model)
+    accuracy = evaluate(a, model, tok)
     atomic_write_text(out / "train.json", json.dumps(
         {"args": vars(a), "sha256": sha, "log": log, "validation_accuracy": accuracy}, indent=2) + "\n")
     return 0

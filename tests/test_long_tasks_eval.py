@@ -167,3 +167,41 @@ def test_shallow_needs_one_folder_per_model_and_search_excludes_fixed_layers():
         ev.LongTasksConfig(model="a,b", shallow="c")
     with pytest.raises(ValueError, match="search_layers"):
         ev.LongTasksConfig(model="a", search_layers=True, fastv_layer=2)
+
+
+def _bpe_folder(folder, text: str, size: int = 300) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    bpe.train_from_iterator([text] * 20, trainers.BpeTrainer(
+        vocab_size=size, special_tokens=["<pad>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>").save_pretrained(folder)
+
+
+def test_each_model_must_read_the_ids_of_the_tokenizer_given(model_dir, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    conf = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=1, pad_token_id=0)
+    own = tmp_path / "own"
+    LlamaForCausalLM(conf).save_pretrained(own)
+    _bpe_folder(own, lt.example("multikey", 3000, 0).prompt)
+    other = tmp_path / "other"
+    _bpe_folder(other, lt.example("vartrack", 3000, 0).prompt)
+    tok = ev.load_tokenizer(str(own))
+    ev.check_tokenizer(str(own), tok, [str(own)])  # its own: fine
+    ev.check_tokenizer("bytes", lt.ByteTokenizer(), [model_dir])
+    with pytest.raises(ValueError, match="tokenizer: the model in .* own tokenizer"):
+        ev.check_tokenizer("bytes", lt.ByteTokenizer(), [str(own)])  # vocab sizes aside
+    with pytest.raises(ValueError, match="tokenizer: .* has 300 ids, the model in .* 256"):
+        ev.check_tokenizer(str(own), tok, [str(own), model_dir])
+    with pytest.raises(ValueError, match="is not the tokenizer saved with the model"):
+        ev.check_tokenizer(str(other), ev.load_tokenizer(str(other)), [str(own)])
+    argv = ["--model", str(own), "--tasks", "multikey", "--lengths", "400", "--n", "1",
+            "--out", str(tmp_path / "out")]
+    with pytest.raises(ValueError, match="tokenizer: the model in"):
+        ev.main(argv)  # the default tokenizer, bytes, on a model with its own
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("seed*"))

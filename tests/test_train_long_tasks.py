@@ -92,3 +92,82 @@ def test_each_task_trains_at_its_own_top_length(tl):
     # a row's prompt is at most its task's top (its answer follows the prompt)
     assert lengths["multikey"] and max(lengths["multikey"]) <= 200 + 10
     assert lengths["vartrack"] and max(lengths["vartrack"]) > 300
+
+
+def _bpe(tl, *extra):
+    a = tl.parse(["--out", "unused", "--tasks", "multikey,vartrack", "--text-share", "0",
+                  "--tokenizer", "bpe:512", *extra])
+    if "--digits-per-token" in extra:
+        with pytest.raises(ValueError, match="ask for more tokens"):
+            tl.build_tokenizer(a)
+        return a, None
+    return a, tl.build_tokenizer(a)
+
+
+def test_the_bpe_tokenizer_is_deterministic_lossless_and_splits_numbers_into_digits(tl):
+    a, tok = _bpe(tl)
+    assert tl.build_tokenizer(a).get_vocab() == tok.get_vocab()  # the same text, the same merges
+    assert len(tok) == 512 and tok.pad_token_id == 0
+    for task in ("multikey", "vartrack", "multivalue"):
+        ex = lt.example(task, 400, 7, split="test", seed=5, tokenizer=tok)
+        for text in (ex.head, ex.tail, ex.target):
+            assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+        pieces = [tok.decode([i]) for i in tok.encode(ex.target, add_special_tokens=False)]
+        assert "".join(pieces) == ex.target and all(len(p.strip()) <= 1 for p in pieces if p.strip().isdigit())
+        assert 0.95 * 400 <= len(tok.encode(ex.head + ex.tail, add_special_tokens=False)) <= 400 + 2
+    with pytest.raises(SystemExit):
+        tl.parse(["--out", "unused", "--tokenizer", "bpe:12"])
+
+
+def test_a_bpe_row_counts_tokens_and_supervises_the_answer_tokens_only(tl):
+    a, tok = _bpe(tl, "--questions", "3")
+    ids, labels = tl.Rows(a, tok).task(150, "multikey")
+    first = next(j for j, y in enumerate(labels) if y != -100)
+    assert 140 <= first <= 150 + 40  # the prompt is ~150 tokens (+ its question), not 150 bytes
+    answered = tok.decode([y for y in labels if y != -100])
+    assert [ln for ln in answered.split("\n") if ln] and all(
+        re.fullmatch(r" \d{5}", ln) for ln in answered.split("\n") if ln)
+    assert tok.decode(ids).count(lt.CUE) == 3
+
+
+def test_a_bpe_run_saves_a_tokenizer_the_evaluation_loads(tl, tmp_path):
+    from attnprune.research.experiments import long_tasks as ev
+
+    rc = tl.main(["--out", str(tmp_path), "--device", "cpu", "--threads", "1", "--tokenizer", "bpe:300",
+                  "--tasks", "multikey", "--text-share", "0", "--length", "160", "--min-length", "128",
+                  "--layers", "1", "--width", "32", "--heads", "2", "--kv-heads", "1", "--ffn", "64",
+                  "--batch", "2", "--steps", "2", "--eval-n", "2"])
+    assert rc == 0
+    tok = ev.load_tokenizer(str(tmp_path / "model"))
+    assert len(tok) == 300 and tok.decode(tok.encode(" 51234\n", add_special_tokens=False)) == " 51234\n"
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "model").config.vocab_size == 300
+
+
+def test_numbers_in_chunks_of_three_digits_are_one_token_per_chunk(tl):
+    a, tok = _bpe(tl, "--digits-per-token", "3")  # 512 tokens cannot hold 2 × 1,110 chunks
+    a.tokenizer = "bpe:4096"
+    tok = tl.build_tokenizer(a)
+    rng = random.Random(0)
+    for _ in range(300):
+        x = f" {rng.randrange(10_000, 100_000)}"  # the suite's 5-digit values: " ddd" + "dd"
+        pieces = [tok.decode([i]) for i in tok.encode(x, add_special_tokens=False)]
+        assert pieces == [x[:4], x[4:]], pieces
+    ex = lt.example("vartrack", 300, 1, split="test", tokenizer=tok)
+    assert tok.decode(tok.encode(ex.prompt + ex.target, add_special_tokens=False)) == ex.prompt + ex.target
+
+
+def test_syllable_tokens_make_each_key_its_three_syllables(tl):
+    a, _ = _bpe(tl)
+    a.syllable_tokens = True
+    with pytest.raises(ValueError, match="ask for more tokens"):  # 512: too few for 2 × 70 syllables
+        tl.build_tokenizer(a)
+    a.tokenizer = "bpe:1024"
+    tok = tl.build_tokenizer(a)
+    for i in range(5):
+        ex = lt.example("multikey", 300, i, split="test", seed=2, tokenizer=tok)
+        key = ex.question.rsplit(" ", 1)[1][:-1]
+        pieces = [tok.decode([t]) for t in tok.encode(f" {key}", add_special_tokens=False)]
+        assert pieces == [" " + key[:2], key[2:4], key[4:]], pieces
+        assert tok.decode(tok.encode(ex.prompt, add_special_tokens=False)) == ex.prompt

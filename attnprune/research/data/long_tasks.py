@@ -88,7 +88,8 @@ NOISE = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here 
          "There and back again.", "The river runs to the sea.", "A cat sleeps on the wall.",
          "Bread is baked in the morning.", "The train left the station.",
          "Snow fell on the hills.", "The lamp is on the desk.", "Birds sing at dawn.")
-_SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
+_SYLLABLES = [c + v for c in CONSONANTS for v in VOWELS]
 
 
 class ByteTokenizer:

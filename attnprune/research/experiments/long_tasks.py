@@ -43,6 +43,7 @@ Finished seeds are saved under ``runs/`` and reused when the folder is resumed.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -132,6 +133,25 @@ def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(name)
+
+
+def check_tokenizer(name: str, tok, folders: list[str]) -> None:
+    """Every model reads the ids of ``tok``: its vocabulary size matches, and a model folder
+    saved with its own tokenizer (``tokenizer.json``) has this one (a ValueError naming
+    ``tokenizer`` otherwise, before any example runs)."""
+    from transformers import AutoConfig
+
+    size = 256 if name == "bytes" else len(tok)
+    for folder in folders:
+        if (Path(folder) / "tokenizer.json").exists():
+            if name == "bytes":
+                raise ValueError(f"tokenizer: the model in {folder} was saved with its own tokenizer; "
+                                 f"pass tokenizer={folder}")
+            if load_tokenizer(folder).get_vocab() != tok.get_vocab():
+                raise ValueError(f"tokenizer: {name} is not the tokenizer saved with the model in {folder}")
+        n = AutoConfig.from_pretrained(folder).vocab_size
+        if n != size:
+            raise ValueError(f"tokenizer: {name!r} has {size} ids, the model in {folder} {n}")
 
 
 def variants(cfg: LongTasksConfig) -> dict[str, dict]:
@@ -414,6 +434,7 @@ def _run(cfg: LongTasksConfig, out, progress) -> dict:
     sets = _examples(cfg, tok, cfg.split, cfg.n)  # bad lengths fail before a model loads
     models = [m for m in cfg.model.split(",") if m]
     shallow = [m for m in cfg.shallow.split(",") if m]
+    check_tokenizer(cfg.tokenizer, tok, models + shallow)
     search = None
     if cfg.search_layers:
         search = out.load_run("layer_search") if out.run_done("layer_search") else None
