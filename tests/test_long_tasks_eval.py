@@ -205,3 +205,32 @@ def test_each_model_must_read_the_ids_of_the_tokenizer_given(model_dir, tmp_path
     with pytest.raises(ValueError, match="tokenizer: the model in"):
         ev.main(argv)  # the default tokenizer, bytes, on a model with its own
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("seed*"))
+
+
+def test_the_code_task_is_scored_teacher_forced_in_bits_per_byte(model_dir):
+    import math
+
+    model, tok = ev.load_model(model_dir), lt.ByteTokenizer()
+    exs = [lt.example("code", 300, i, split="test") for i in range(2)]
+    specs = {"full": {"kind": "full", "keep": 1.0},
+             "fastv 0.5": {"kind": "attention", "keep": 0.5, "method": "fastv", "layer": 1,
+                           "window": 4, "sinks": 1, "score": "attention"}}
+    res = ev.evaluate(model, tok, exs, specs)
+    for ex, bpb, right in zip(exs, res["full"]["bits_per_byte"], res["full"]["right"]):
+        head, tail, _ = ev.encode(tok, ex)
+        target = list(ex.target.encode())
+        ids = torch.tensor([head + tail + target])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0].float(), -1)
+        start = len(head) + len(tail) - 1
+        rows = logp[start:start + len(target)]
+        bits = -sum(float(rows[i, t]) for i, t in enumerate(target)) / math.log(2)
+        assert bpb == pytest.approx(bits / len(target), rel=1e-4)  # one byte per token here
+        assert right == (rows.argmax(-1).tolist() == target)
+    assert all(b > 0 for b in res["fastv 0.5"]["bits_per_byte"])
+    rows = ev.rows_for("code", 300, specs, res, n_resamples=100)
+    pruned = rows[1]
+    d = [a - b for a, b in zip(res["fastv 0.5"]["bits_per_byte"], res["full"]["bits_per_byte"])]
+    assert pruned["bits_per_byte_diff"] == pytest.approx(sum(d) / len(d))
+    table = ev.markdown_table({"rows": rows, "controls": []})
+    assert f"{pruned['bits_per_byte']:.3f}, {pruned['bits_per_byte_diff']:+.3f}" in table

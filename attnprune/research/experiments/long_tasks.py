@@ -14,7 +14,10 @@ greedily through :mod:`attnprune.prefill`, in these variants, on the same exampl
 and, after the context, in the scoring window); "after" prefills the ``head`` alone and
 decodes the ``tail`` through the pruned cache (the question comes after compression, as in
 kvpress's question-agnostic mode). The answer is greedy, as many tokens as the target has,
-and scored by the example's exact-match check. Per (task, length, variant): accuracy with its
+and scored by the example's exact-match check; the ``code`` task is teacher-forced instead
+(which defined name comes next is often a guess, so exact match alone is unfair): its rows add
+the identifier's bits per byte and their paired difference against full (cluster-bootstrap
+CI), and "right" there means every identifier token was the model's top choice. Per (task, length, variant): accuracy with its
 percentile-bootstrap 95 % CI, and the paired difference against full (bootstrap CI over the
 examples, lost / gained, exact McNemar). Written atomically into the results folder:
 ``summary.json``, ``predictions.json`` (each example's output and right / wrong per variant)
@@ -42,6 +45,7 @@ Finished seeds are saved under ``runs/`` and reused when the folder is resumed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -182,13 +186,16 @@ def _prefill_options(spec: dict, n_prefilled: int) -> dict:
 
 @torch.inference_mode()
 def answer(model: nn.Module, head: list[int], tail: list[int], max_new_tokens: int,
-           question: str = "prompt", timings: dict | None = None, **options) -> list[int]:
+           question: str = "prompt", timings: dict | None = None, target: list[int] | None = None,
+           **options) -> list[int]:
     """Greedy tokens after a pruned prefill: of ``head + tail`` (``question`` "prompt"), or of
     ``head`` with ``tail`` then decoded through the pruned cache ("after"). ``options``:
     :class:`attnprune.prefill.PrefillConfig`'s fields; ``keep`` 1.0 runs the stock forward and
     its DynamicCache (no scoring pass), so the unpruned TTFT is what a user of the model pays.
     ``timings``: filled with "ttft_s" (to the first answer token's logits) and "decode_s"
-    (the mean of the later steps; None for a one-token answer)."""
+    (the mean of the later steps; None for a one-token answer). ``target``: teacher forcing:
+    the decode steps read ``target``'s tokens instead of the model's, the tokens returned are
+    the model's top choices at each step, and ``timings["bits"]`` the target's −log₂ p."""
     if options.get("keep") == 1.0:
         from transformers import DynamicCache
 
@@ -211,13 +218,14 @@ def answer(model: nn.Module, head: list[int], tail: list[int], max_new_tokens: i
             nonlocal state
             state = prefill(model, torch.tensor([ids]), max_new_tokens=n_new, **options)
             return state.logits[0]
-    return _greedy(start, step, head, tail, max_new_tokens, question, timings)
+    return _greedy(start, step, head, tail, max_new_tokens, question, timings, target)
 
 
 def _greedy(start, step, head: list[int], tail: list[int], max_new_tokens: int, question: str,
-            timings: dict | None) -> list[int]:
-    """The timed greedy loop of :func:`answer`: ``start(ids, n_new)`` prefills and returns the
-    last logits, ``step(ids)`` decodes one token through the cache."""
+            timings: dict | None, target: list[int] | None = None) -> list[int]:
+    """The timed greedy (or, with ``target``, teacher-forced) loop of :func:`answer`:
+    ``start(ids, n_new)`` prefills and returns the last logits, ``step(ids)`` decodes one token
+    through the cache."""
     import time
 
     t0 = time.perf_counter()
@@ -229,8 +237,19 @@ def _greedy(start, step, head: list[int], tail: list[int], max_new_tokens: int, 
             logits = step([t])
     out: list[int] = [int(logits.argmax())]
     t1 = time.perf_counter()
-    for _ in range(max_new_tokens - 1):
-        out.append(int(step([out[-1]]).argmax()))
+    if target is not None:
+        if len(target) != max_new_tokens:
+            raise ValueError(f"target: {len(target)} tokens, max_new_tokens {max_new_tokens}")
+        nats = -float(torch.log_softmax(logits.float(), -1)[target[0]])
+        for i in range(1, max_new_tokens):
+            logits = step([target[i - 1]])
+            nats -= float(torch.log_softmax(logits.float(), -1)[target[i]])
+            out.append(int(logits.argmax()))
+        if timings is not None:
+            timings["bits"] = nats / math.log(2)
+    else:
+        for _ in range(max_new_tokens - 1):
+            out.append(int(step([out[-1]]).argmax()))
     if timings is not None:
         timings["ttft_s"] = t1 - t0
         timings["decode_s"] = (time.perf_counter() - t1) / (max_new_tokens - 1) if max_new_tokens > 1 else None
@@ -248,8 +267,15 @@ def evaluate(model: nn.Module, tokenizer, examples: list[lt.LongExample], specs:
              question: str = "prompt", max_new_tokens: int = 0, progress=None) -> dict[str, dict]:
     """label → {"right": per-example bools, "outputs": texts, "ttft_s", "decode_s": per-example
     times}: every variant on the same examples, one after the other per example (interleaved,
-    so a change of load hits all variants alike), after an untimed warm-up round."""
+    so a change of load hits all variants alike), after an untimed warm-up round.
+
+    The code task is scored teacher-forced (its exact match is a guess when several defined
+    names fit): "bits_per_byte", the identifier's −log₂ p over its UTF-8 bytes, and "right"
+    when every one of its tokens is the model's top choice (what greedy decoding would write)."""
     res = {label: {"right": [], "outputs": [], "ttft_s": [], "decode_s": []} for label in specs}
+    if any(ex.task == "code" for ex in examples):
+        for r in res.values():
+            r["bits_per_byte"] = []
     if examples:  # a warm-up round on the first example, untimed (first-call costs)
         head, tail, n_target = encode(tokenizer, examples[0])
         n_prefilled = len(head) + (len(tail) if question == "prompt" else 0)
@@ -260,14 +286,17 @@ def evaluate(model: nn.Module, tokenizer, examples: list[lt.LongExample], specs:
         head, tail, n_target = encode(tokenizer, ex)
         n_new = max_new_tokens or n_target
         n_prefilled = len(head) + (len(tail) if question == "prompt" else 0)
+        target = list(tokenizer.encode(ex.target, add_special_tokens=False)) if ex.task == "code" else None
         for label, spec in specs.items():
             t: dict = {}
-            ids = answer(model, head, tail, n_new, question, timings=t,
-                         **_prefill_options(spec, n_prefilled))
+            ids = answer(model, head, tail, target and len(target) or n_new, question, timings=t,
+                         target=target, **_prefill_options(spec, n_prefilled))
             text = tokenizer.decode(ids)
             r = res[label]
             r["outputs"].append(text)
-            r["right"].append(bool(ex.check(text)))
+            r["right"].append(ids == target if target else bool(ex.check(text)))
+            if "bits_per_byte" in r:
+                r["bits_per_byte"].append(t["bits"] / len(ex.target.encode()) if target else None)
             r["ttft_s"].append(t["ttft_s"])
             r["decode_s"].append(t["decode_s"])
         if progress and (i + 1) % 16 == 0:
@@ -346,6 +375,13 @@ def rows_for(task: str, length: int, specs: dict[str, dict], res: dict[str, dict
                "accuracy_ci95": cluster_bootstrap(right, n_resamples)}
         if label != "full":
             row.update(paired(right, full, n_resamples))
+        if res[label].get("bits_per_byte") is not None:  # the code task: teacher-forced bits per byte
+            bpb = _per_seed(res[label]["bits_per_byte"])
+            row["bits_per_byte"] = float(bpb.mean())
+            if label != "full":
+                d = bpb - _per_seed(res["full"]["bits_per_byte"])
+                row["bits_per_byte_diff"] = float(d.mean())
+                row["bits_per_byte_diff_ci95"] = cluster_bootstrap(d, n_resamples)
         if "ttft_s" in res[label]:
             seeds = lambda v: v if v and isinstance(v[0], list) else [v]
             row["ttft_vs_full"] = _median_ratio(seeds(res[label]["ttft_s"]), seeds(res["full"]["ttft_s"]))
@@ -466,14 +502,16 @@ def _run(cfg: LongTasksConfig, out, progress) -> dict:
     all_specs = dict(specs, **({"shallow": {"kind": "shallow", "keep": 1.0}} if shallow else {}))
     rows, controls, predictions = [], [], []
     for (task, L), exs in sets.items():
+        fields = ("right", "ttft_s", "decode_s") + (("bits_per_byte",) if task == "code" else ())
         pooled = {label: {f: [r["results"][f"{task}:{L}"][label][f] for r in per_seed]
-                          for f in ("right", "ttft_s", "decode_s")} for label in all_specs}
+                          for f in fields} for label in all_specs}
         rows += rows_for(task, L, all_specs, pooled, cfg.n_resamples)
         controls += control_rows(task, L, all_specs, pooled, cfg.n_resamples)
         predictions.append({"task": task, "length": L, "answers": [list(e.answers) for e in exs],
                             "meta": [e.meta for e in exs],
-                            "seeds": [{label: {"right": r["results"][f"{task}:{L}"][label]["right"],
-                                               "outputs": r["results"][f"{task}:{L}"][label]["outputs"]}
+                            "seeds": [{label: {f: r["results"][f"{task}:{L}"][label][f]
+                                               for f in ("right", "outputs", "bits_per_byte")
+                                               if f in r["results"][f"{task}:{L}"][label]}
                                        for label in all_specs} for r in per_seed]})
         if progress:
             for r in rows[-len(all_specs):]:
@@ -538,7 +576,8 @@ def markdown_table(summary: dict) -> str:
     """The rows as a markdown table (accuracy [CI], Δ vs full [CI], lost / gained, TTFT and
     decode), then the comparisons with the controls."""
     lines = [("| task | length | variant | accuracy [95 % CI] | Δ vs full [95 % CI] | lost / gained "
-              "| TTFT / full | decode ms/token |"), "|---|---|---|---|---|---|---|---|"]
+              "| bits/byte, Δ vs full [95 % CI] | TTFT / full | decode ms/token |"),
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
         acc = f"{r['accuracy']:.3f} [{r['accuracy_ci95'][0]:.3f}, {r['accuracy_ci95'][1]:.3f}]"
         if "diff" in r:
@@ -548,7 +587,13 @@ def markdown_table(summary: dict) -> str:
             d = lg = "—"
         t = f"{r['ttft_vs_full']:.2f}" if r.get("ttft_vs_full") is not None else "—"
         dm = f"{r['decode_ms_per_token']:.2f}" if r.get("decode_ms_per_token") is not None else "—"
-        lines.append(f"| {r['task']} | {r['length']} | {r['variant']} | {acc} | {d} | {lg} | {t} | {dm} |")
+        bits = "—"
+        if "bits_per_byte" in r:
+            bits = f"{r['bits_per_byte']:.3f}"
+            if "bits_per_byte_diff" in r:
+                lo, hi = r["bits_per_byte_diff_ci95"]
+                bits += f", {r['bits_per_byte_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+        lines.append(f"| {r['task']} | {r['length']} | {r['variant']} | {acc} | {d} | {lg} | {bits} | {t} | {dm} |")
     if summary.get("controls"):
         lines += ["", ("| task | length | variant | control | Δ vs control [95 % CI] | lost / gained "
                        "| p (Holm) |"), "|---|---|---|---|---|---|---|"]
