@@ -6,7 +6,9 @@ lose: a mix of the suite's training split and real text, until a deadline.
 
 Tokens: bytes (ids 0 … 255), or a byte-level BPE learned here (:func:`build_tokenizer`) and saved
 beside the weights, so ``attnprune reproduce long-tasks --tokenizer DIR/model`` reads the same
-ids; lengths (``--length``, ``--min-length``) are in these tokens.
+ids; lengths (``--length``, ``--min-length``) are in these tokens. ``--init DIR`` goes on
+training a model this script saved (CPU training over several sessions): its tokenizer and
+shape, each task's curriculum from the length it reached, new training examples (a new round).
 
 Each row of a batch is, with probability ``--text-share``, a window of real Python source (the
 corpus's training files: ``.py`` files of installed packages, LM loss on every byte), else an
@@ -94,8 +96,24 @@ def parse(argv):
     p.add_argument("--syllable-tokens", action="store_true",
                    help="bpe: split lowercase text into consonant-vowel syllables first (the suite's "
                         "keys are three of them), so a key ends in one of 70 syllable tokens")
+    p.add_argument("--init", default="",
+                   help="a folder this script wrote (DIR/model, DIR/train.json): go on training that "
+                        "model, with its tokenizer, each task from the length its curriculum reached "
+                        "(the shape options and --tokenizer are then taken from it)")
     a = p.parse_args(argv)
     a.tasks = tuple(t for t in a.tasks.split(",") if t)
+    a.start_tops, a.round = {}, 0
+    if a.init:
+        try:
+            prev = json.loads((Path(a.init) / "train.json").read_text())
+        except (OSError, ValueError) as e:
+            p.error(f"--init: {a.init} needs the train.json and model/ this script writes ({e})")
+        for k in ("tokenizer", "syllable_tokens", "digits_per_token", "layers", "width", "heads", "kv_heads",
+                  "ffn"):
+            setattr(a, k, prev["args"].get(k, getattr(a, k)))
+        reached = next((e["tops_reached"] for e in reversed(prev["log"]) if "tops_reached" in e), {})
+        a.start_tops = {t: min(a.length, max(a.min_length, int(v))) for t, v in reached.items()}
+        a.round = prev["args"].get("round", 0) + 1  # new training examples, not the first run's again
     a.code_packages = tuple(x for x in a.code_packages.split(",") if x)
     for t in a.tasks:
         if t not in lt.TASKS:
@@ -253,7 +271,8 @@ class Rows:
     """Training rows: (ids, labels) lists, task examples or real-text windows, seeded."""
 
     def __init__(self, a, tok=None):
-        self.a, self.rng, self.index = a, random.Random(f"train_long_tasks:{a.seed}"), 0
+        self.rng = random.Random(f"train_long_tasks:{a.seed}" + (f":round{a.round}" if a.round else ""))
+        self.a, self.index = a, a.round * 10_000_000
         self.tok = tok or lt.ByteTokenizer()
         self.files = lt.code_files("train", a.code_packages) if a.text_share or "code" in a.tasks else []
         self.texts: dict[str, str] = {}
@@ -320,7 +339,7 @@ def train(a, model, tok, device, log):
     last_eval = t0
     # --grow-at: each task's own top length, and the fraction of the run when the curriculum
     # ended (every task at --length, or 75 % of the run: the learning rate decays after it)
-    tops, reached = dict.fromkeys(a.tasks, a.min_length), None
+    tops, reached = {t: a.start_tops.get(t, a.min_length) for t in a.tasks}, None
     for step in range(a.steps):
         frac = max(step / a.steps, (time.perf_counter() - t0) / deadline)
         if frac >= 1.0 and step:
@@ -333,7 +352,8 @@ def train(a, model, tok, device, log):
             decay = 0.0 if reached is None else (frac - reached) / max(1e-9, 1.0 - reached)
         else:
             decay = frac
-            tops = dict.fromkeys(a.tasks, a.min_length + int((a.length - a.min_length) * min(1.0, 2 * frac)))
+            tops = {t: lo + int((a.length - lo) * min(1.0, 2 * frac))
+                    for t, lo in ((t, a.start_tops.get(t, a.min_length)) for t in a.tasks)}
         lr = a.lr * rise * 0.5 * (1 + math.cos(math.pi * min(decay, 1.0)))
         for g in opt.param_groups:
             g["lr"] = lr
@@ -418,8 +438,15 @@ def main(argv=None) -> int:
                           else "cpu")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(a)
-    model = build_model(a, len(tok) if a.tokenizer != "bytes" else 256).to(device).train()
+    if a.init:  # the saved model and the tokenizer saved with it
+        from transformers import AutoModelForCausalLM
+
+        tok = ev.load_tokenizer("bytes" if a.tokenizer == "bytes" else str(Path(a.init) / "model"))
+        model = AutoModelForCausalLM.from_pretrained(Path(a.init) / "model").float().to(device).train()
+        print(f"from {a.init}: tops {a.start_tops}", flush=True)
+    else:
+        tok = build_tokenizer(a)
+        model = build_model(a, len(tok) if a.tokenizer != "bytes" else 256).to(device).train()
     print(f"{sum(p.numel() for p in model.parameters()):,} parameters on {device}", flush=True)
     log: list = []
     train(a, model, tok, device, log)

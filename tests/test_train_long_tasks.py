@@ -171,3 +171,33 @@ def test_syllable_tokens_make_each_key_its_three_syllables(tl):
         pieces = [tok.decode([t]) for t in tok.encode(f" {key}", add_special_tokens=False)]
         assert pieces == [" " + key[:2], key[2:4], key[4:]], pieces
         assert tok.decode(tok.encode(ex.prompt, add_special_tokens=False)) == ex.prompt
+
+
+def test_init_goes_on_from_a_saved_run_with_its_tokenizer_and_curriculum(tl, tmp_path):
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    tiny = ["--device", "cpu", "--threads", "1", "--tasks", "multikey", "--text-share", "0",
+            "--length", "200", "--min-length", "128", "--batch", "2", "--steps", "2", "--eval-n", "1"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert tl.main(["--out", str(first), "--tokenizer", "bpe:300", "--layers", "1", "--width", "32",
+                    "--heads", "2", "--kv-heads", "1", "--ffn", "64", *tiny]) == 0
+    # the first run's curriculum "reached" 160 (as if it had grown): the second starts there
+    log = json.loads((first / "train.json").read_text())
+    log["log"][-1]["tops_reached"] = {"multikey": 160}
+    (first / "train.json").write_text(json.dumps(log))
+    assert tl.main(["--out", str(second), "--init", str(first), *tiny]) == 0
+    rec = json.loads((second / "train.json").read_text())
+    assert rec["args"]["round"] == 1 and rec["args"]["width"] == 32 and rec["args"]["tokenizer"] == "bpe:300"
+    assert rec["log"][0]["top"] == 160
+    a = load_file(first / "model" / "model.safetensors")
+    b = load_file(second / "model" / "model.safetensors")
+    assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)  # trained on
+    assert (second / "model" / "tokenizer.json").read_text() == (first / "model" / "tokenizer.json").read_text()
+    r0 = tl.Rows(tl.parse(["--out", "x", *tiny])).task(150, "multikey")
+    r1 = tl.Rows(tl.parse(["--out", "x", "--init", str(first), *tiny])).task(150, "multikey")
+    assert r0 != r1  # a later round draws other examples
+    with pytest.raises(SystemExit):
+        tl.parse(["--out", "x", "--init", str(tmp_path / "nothing")])
