@@ -51,3 +51,15 @@ def record_calls(modules, fn, record):
         for h in hooks:
             h.remove()
     return seen
+
+
+def load_script(name: str):
+    """``scripts/NAME.py`` as a module (the scripts are not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -1,21 +1,15 @@
 """scripts/kvpress_side_by_side.py: merging the two sides' JSON, --model-dir configs and pooling
 seeds (runs without kvpress installed)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "kvpress_side_by_side.py"
+from conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("kvpress_side_by_side", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("kvpress_side_by_side")
 
 
 def _row(variant, side, right, ttft, kept=1.0, cache=1.0):

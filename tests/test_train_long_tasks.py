@@ -3,24 +3,18 @@ prompt carries are right, and only answer bytes carry loss."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import re
-from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 from attnprune.research.data import long_tasks as lt
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_long_tasks.py"
 
 
 @pytest.fixture(scope="module")
 def tl():
-    spec = importlib.util.spec_from_file_location("train_long_tasks", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("train_long_tasks")
 
 
 def _truth(ex: lt.LongExample, tail: str) -> str:
