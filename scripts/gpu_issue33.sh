@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Issue 33 on a lent GPU in one call (≤ 4 minutes of training, then each model's check on the
-# device's CPUs): small byte-level Llamas that use their context, trained on the long-context
+# device's CPUs): small Llamas that use their context, trained on the long-context
 # suite (scripts/train_long_tasks.py), 3 seeds of the deep model and 3 of a model with half
 # its layers (the "shallow" control), all six at once on the one GPU (tiny models leave it
 # mostly idle, so they share it well). The recipe: every task of the suite and real Python
 # source (--text-share), several questions per training prompt, a share of them as restated
-# needles, and a curriculum by mastery from short prompts to LENGTH (the learning rate decays
-# only once the curriculum reached LENGTH). Each model: $OUT/<name>/model (save_pretrained),
+# needles, and a curriculum by mastery from short prompts to LENGTH tokens (the learning rate
+# decays only once the curriculum reached LENGTH). Tokens: a BPE of 1,024 learned from the
+# training split, each syllable one token (TOKENIZER; "bytes" for the byte-level models), lr
+# 1e-3 (the CPU probes of docs/results/long_tasks_cpu_probes: at 2e-3 and small batches the
+# first value token was not learned). Each model: $OUT/<name>/model (save_pretrained),
 # its train.json (log, the SHA-256 of model.safetensors, validation accuracy unpruned and with
 # the prompt cut to its last 25 %), <name>.log. STEPS.txt: each run's exit code and seconds.
 # On the device machine:
 #   run(command="bash scripts/gpu_issue33.sh", timeout_s=420)
 # then, here (CPU), the side-by-side on the returned models (FILES = the files_at folder):
 #   attnprune reproduce long-tasks --model FILES/seed0/model,FILES/seed1/model,FILES/seed2/model \
-#     --shallow FILES/shallow0/model,FILES/shallow1/model,FILES/shallow2/model \
+#     --shallow FILES/shallow0/model,FILES/shallow1/model,FILES/shallow2/model --tokenizer FILES/seed0/model \
 #     --tasks multikey,multivalue,vartrack --lengths 1024,2048 --n 64 --split test \
 #     --search_layers true --out docs/results/long_tasks
 # Dry run on the CPU (tiny models, seconds of training, every output file):
@@ -26,12 +29,11 @@ MINUTES=${MINUTES:-3}              # each model's training deadline (all six run
 LENGTH=${LENGTH:-2048}
 TASKS=${TASKS:-multikey,multivalue,vartrack,freqwords}
 SEEDS=${SEEDS:-0 1 2}
-TOKENIZER=${TOKENIZER:-bytes}      # or e.g. "bpe:1024 --syllable-tokens" (then the side-by-side
-                                   # takes --tokenizer FILES/seed0/model)
-LR=${LR:-2e-3}
+TOKENIZER=${TOKENIZER:-bpe:1024 --syllable-tokens}  # options split on purpose; or "bytes"
+LR=${LR:-1e-3}
 SHAPE=(--layers 4 --width 128 --heads 4 --kv-heads 2 --ffn 384)
 SHALLOW=(--layers 2 --width 128 --heads 4 --kv-heads 2 --ffn 384)
-RECIPE=(--min-length 160 --batch 32 --batch-tokens 16384 --questions 8 --recall-share 0.3
+RECIPE=(--min-length 96 --batch 32 --batch-tokens 16384 --questions 8 --recall-share 0.3
         --grow-at 0.9 --check-steps 200 --lr "$LR" --text-share 0.1 --eval-n 32)
 THREADS=2
 if [[ $QUICK == true ]]; then

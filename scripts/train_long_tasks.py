@@ -96,6 +96,10 @@ def parse(argv):
     p.add_argument("--syllable-tokens", action="store_true",
                    help="bpe: split lowercase text into consonant-vowel syllables first (the suite's "
                         "keys are three of them), so a key ends in one of 70 syllable tokens")
+    p.add_argument("--hard-share", type=float, default=0.0,
+                   help="share of task rows at the task's current top length with its full counts "
+                        "(as the quick checks ask; the others: a length in [--min-length, top] and "
+                        "counts drawn small)")
     p.add_argument("--init", default="",
                    help="a folder this script wrote (DIR/model, DIR/train.json): go on training that "
                         "model, with its tokenizer, each task from the length its curriculum reached "
@@ -118,6 +122,8 @@ def parse(argv):
     for t in a.tasks:
         if t not in lt.TASKS:
             p.error(f"--tasks: each one of {', '.join(lt.TASKS)}, got {t!r}")
+    if not 0.0 <= a.hard_share <= 1.0:
+        p.error(f"--hard-share: in [0, 1], got {a.hard_share}")
     if not 0.0 <= a.text_share < 1.0:
         p.error(f"--text-share: in [0, 1), got {a.text_share}")
     if not 16 <= a.min_length <= a.length:
@@ -292,10 +298,11 @@ class Rows:
                 return ids, ids
         raise RuntimeError("no training file long enough for a real-text window")
 
-    def task(self, length: int, task: str) -> tuple[list[int], list[int]]:
+    def task(self, length: int, task: str, scale: float | None = None) -> tuple[list[int], list[int]]:
         self.index += 1
         kw = {"code_packages": self.a.code_packages} if task == "code" else {}
-        ex = fitted_example(task, length, self.index, self.a.seed, scale=self.rng.random() ** 2,
+        scale = self.rng.random() ** 2 if scale is None else scale
+        ex = fitted_example(task, length, self.index, self.a.seed, scale=scale,
                             tokenizer=None if self.a.tokenizer == "bytes" else self.tok, **kw)
         enc = functools.partial(_encode, self.tok)
         ids = enc(ex.head)
@@ -320,7 +327,10 @@ class Rows:
                 rows.append(self.text(self.rng.randrange(self.a.min_length, max(tops.values()) + 1)))
             else:
                 task = self.rng.choice(self.a.tasks)
-                rows.append(self.task(self.rng.randrange(self.a.min_length, tops[task] + 1), task))
+                if self.rng.random() < self.a.hard_share:  # as the quick check asks: the top, all counts
+                    rows.append(self.task(tops[task], task, scale=1.0))
+                else:
+                    rows.append(self.task(self.rng.randrange(self.a.min_length, tops[task] + 1), task))
         n = max(len(r[0]) for r in rows)  # right padding: no loss, no attention
         ids = torch.zeros(len(rows), n, dtype=torch.long)
         labels = torch.full((len(rows), n), -100, dtype=torch.long)

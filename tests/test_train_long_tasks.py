@@ -195,3 +195,20 @@ def test_init_goes_on_from_a_saved_run_with_its_tokenizer_and_curriculum(tl, tmp
     assert r0 != r1  # a later round draws other examples
     with pytest.raises(SystemExit):
         tl.parse(["--out", "x", "--init", str(tmp_path / "nothing")])
+
+
+def test_hard_rows_are_what_the_quick_check_asks(tl):
+    a = tl.parse(["--out", "unused", "--tasks", "multikey", "--questions", "1", "--text-share", "0",
+                  "--min-length", "128", "--batch", "8", "--hard-share", "1"])
+    ids, _, mask = tl.Rows(a).batch({"multikey": 400})
+    full = lt.OPTIONS["multikey"]["keys"]
+    check = tl.fitted_example("multikey", 400, 0, a.seed, "validation").head.count("The magic number")
+    for row, m in zip(ids, mask):
+        text = bytes(row[m.bool()].tolist()).decode()
+        assert text.count("The magic number") - 1 == check <= full  # the question's prefix aside
+    a.hard_share = 0.0  # drawn small: most rows hold fewer needles
+    ids, _, mask = tl.Rows(a).batch({"multikey": 400})
+    counts = [bytes(r[m.bool()].tolist()).decode().count("The magic number") - 1 for r, m in zip(ids, mask)]
+    assert min(counts) < check
+    with pytest.raises(SystemExit):
+        tl.parse(["--out", "unused", "--hard-share", "1.5"])
