@@ -199,6 +199,7 @@ def score(out: Path, question: str, n_resamples: int = 10_000) -> dict:
     tok = ev.load_tokenizer(prompts["tokenizer"])
     measure = None if prompts["tokenizer"] == "bytes" else tok
     rows, agree = [], {}
+    ours = [ev.load_model(m) for m in prompts["models"]]  # this project's stock answers, keep 1.0
     for j, s in enumerate(prompts["sets"]):
         exs = [lt.example(s["task"], s["length"], i, split=prompts["split"], seed=prompts["seed"], tokenizer=measure)
                for i in range(len(s["examples"]))]
@@ -212,8 +213,7 @@ def score(out: Path, question: str, n_resamples: int = 10_000) -> dict:
                 p["right"].append([bool(ex.check(tok.decode(ids))) for ex, ids in zip(exs, res[label]["ids"])])
                 p["ttft_s"].append(res[label]["ttft_s"])
                 p["decode_s"].append(res[label]["decode_s"])
-            model = ev.load_model(prompts["models"][i])  # this project's stock answers, keep 1.0
-            same = [ev.answer(model, e["head"], e["tail"], e["n"], question, keep=1.0) == ids
+            same = [ev.answer(ours[i], e["head"], e["tail"], e["n"], question, keep=1.0) == ids
                     for e, ids in zip(s["examples"], res["unpruned"]["ids"])]
             agree.setdefault(f"{s['task']}:{s['length']}", []).append(sum(same) / max(1, len(same)))
         specs = {name[label]: ({"kind": "full", "keep": 1.0} if label == "unpruned" else

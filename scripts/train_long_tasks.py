@@ -90,7 +90,7 @@ def parse(argv):
     p.add_argument("--code-packages", default=",".join(lt.DEFAULT_PACKAGES))
     p.add_argument("--tokenizer", default="bytes",
                    help="'bytes' (ids 0 … 255) or 'bpe:N': a byte-level BPE of N tokens trained on the "
-                        "training split (digits one by one), saved with the model; lengths are in its tokens")
+                        "training split, saved with the model; lengths are in its tokens")
     p.add_argument("--digits-per-token", type=int, default=1, choices=[1, 2, 3],
                    help="bpe: a number is split into chunks of up to this many digits, each one token")
     p.add_argument("--syllable-tokens", action="store_true",
@@ -170,9 +170,9 @@ def build_tokenizer(a):
     # pieces that must each be one token, with a space before and without, put in the text 50
     # times: every chunk of up to --digits-per-token digits (when > 1) and, with
     # --syllable-tokens, every syllable
-    pieces = [f"{i:0{k}d}" for k in range(2, a.digits_per_token + 1) for i in range(10 ** k)]
-    pieces = [str(i) for i in range(10)] + pieces if pieces else []
-    pieces += [c + v for c in lt.CONSONANTS for v in lt.VOWELS] if a.syllable_tokens else []
+    pieces = ([f"{i:0{k}d}" for k in range(1, a.digits_per_token + 1) for i in range(10 ** k)]
+              if a.digits_per_token > 1 else [])
+    pieces += list(lt.SYLLABLES) if a.syllable_tokens else []
     texts += ["\n".join(pieces)] * 50 + ["".join(f" {c}" for c in pieces)] * 50 if pieces else []
     n = int(a.tokenizer.split(":")[1])
     bpe = Tokenizer(models.BPE())
@@ -191,6 +191,11 @@ def build_tokenizer(a):
         raise ValueError(f"--tokenizer: {n} tokens leave {short} of the {len(pieces)} digit chunks and "
                          f"syllables (with a space before and without) in pieces; ask for more tokens")
     return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+
+
+def _measure(a, tok):
+    """The suite generator's ``tokenizer``: None for bytes (lengths in bytes), else ``tok``."""
+    return None if a.tokenizer == "bytes" else tok
 
 
 def _encode(tok, text: str) -> list[int]:
@@ -291,8 +296,8 @@ class Rows:
                 s = self.rng.randrange(len(raw) - length)
                 if self.a.tokenizer == "bytes":
                     ids = list(raw[s:s + length])
-                else:  # a token is ≥ 1 byte: a window of `length` bytes holds ≤ `length` tokens
-                    ids = _encode(self.tok, raw[s:].decode())[:length]
+                else:  # a BPE token is at most a few bytes: 16 bytes a token is plenty
+                    ids = _encode(self.tok, raw[s:s + 16 * length].decode())[:length]
                     if len(ids) < length:
                         continue
                 return ids, ids
@@ -303,7 +308,7 @@ class Rows:
         kw = {"code_packages": self.a.code_packages} if task == "code" else {}
         scale = self.rng.random() ** 2 if scale is None else scale
         ex = fitted_example(task, length, self.index, self.a.seed, scale=scale,
-                            tokenizer=None if self.a.tokenizer == "bytes" else self.tok, **kw)
+                            tokenizer=_measure(self.a, self.tok), **kw)
         enc = functools.partial(_encode, self.tok)
         ids = enc(ex.head)
         labels = [-100] * len(ids)
@@ -421,9 +426,8 @@ def evaluate(a, model, tok, lengths: dict[str, int] | None = None, n: int | None
     out = {}
     for task, length in lengths.items():
         kw = {"code_packages": a.code_packages} if task == "code" else {}
-        if a.tokenizer != "bytes":
-            kw["tokenizer"] = tok
-        exs = [fitted_example(task, length, i, a.seed, "validation", **kw) for i in range(n)]
+        exs = [fitted_example(task, length, i, a.seed, "validation", tokenizer=_measure(a, tok), **kw)
+               for i in range(n)]
         res = ev.evaluate(model, tok, exs, specs)
         out[task] = {k: sum(v["right"]) / len(v["right"]) for k, v in res.items()}
         if task in ("multikey", "vartrack"):  # answered a distractor (another needle's value)

@@ -89,7 +89,7 @@ NOISE = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here 
          "Bread is baked in the morning.", "The train left the station.",
          "Snow fell on the hills.", "The lamp is on the desk.", "Birds sing at dawn.")
 CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
-_SYLLABLES = [c + v for c in CONSONANTS for v in VOWELS]
+SYLLABLES = tuple(c + v for c in CONSONANTS for v in VOWELS)  # pseudo-words are made of these
 
 
 class ByteTokenizer:
@@ -163,7 +163,7 @@ def _measure_fn(tokenizer) -> Callable[[str], int]:
 
 
 def _word(rng: random.Random, syllables: int = 3) -> str:
-    return "".join(rng.choice(_SYLLABLES) for _ in range(syllables))
+    return "".join(rng.choice(SYLLABLES) for _ in range(syllables))
 
 
 def _words(rng: random.Random, n: int, syllables: int = 3) -> list[str]:

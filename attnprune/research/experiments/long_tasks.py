@@ -289,7 +289,7 @@ def evaluate(model: nn.Module, tokenizer, examples: list[lt.LongExample], specs:
         target = list(tokenizer.encode(ex.target, add_special_tokens=False)) if ex.task == "code" else None
         for label, spec in specs.items():
             t: dict = {}
-            ids = answer(model, head, tail, target and len(target) or n_new, question, timings=t,
+            ids = answer(model, head, tail, len(target) if target else n_new, question, timings=t,
                          target=target, **_prefill_options(spec, n_prefilled))
             text = tokenizer.decode(ids)
             r = res[label]
