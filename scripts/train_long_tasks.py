@@ -18,7 +18,8 @@ options its counts (keys, values, chains, hops, words) are scaled down until the
 (:func:`fitted_example`). A needle-task prompt carries ``--questions`` questions after its
 context (the example's own and others about the same context, :func:`extra_questions`), a
 ``--recall-share`` of the extra ones as a restated needle whose value is to be copied
-(:func:`recall_lines`): one forward pass then supervises several retrievals.
+(:func:`recall_lines`): one forward pass then supervises several retrievals. ``--prompt-loss W``
+adds W times the mean loss on every other token of a task row (:func:`weighted_loss`).
 
 The top length grows from ``--min-length`` to ``--length`` either with time (over the first
 half of the run) or, with ``--grow-at A``, by mastery: each task has its own top, which grows
@@ -96,6 +97,9 @@ def parse(argv):
     p.add_argument("--syllable-tokens", action="store_true",
                    help="bpe: split lowercase text into consonant-vowel syllables first (the suite's "
                         "keys are three of them), so a key ends in one of 70 syllable tokens")
+    p.add_argument("--prompt-loss", type=float, default=0.0,
+                   help="weight of the language-model loss on every other token of a task row (prompt, "
+                        "questions, cues), added to the answer tokens' mean loss (0: answers only)")
     p.add_argument("--hard-share", type=float, default=0.0,
                    help="share of task rows at the task's current top length with its full counts "
                         "(as the quick checks ask; the others: a length in [--min-length, top] and "
@@ -124,6 +128,8 @@ def parse(argv):
             p.error(f"--tasks: each one of {', '.join(lt.TASKS)}, got {t!r}")
     if not 0.0 <= a.hard_share <= 1.0:
         p.error(f"--hard-share: in [0, 1], got {a.hard_share}")
+    if a.prompt_loss < 0:
+        p.error(f"--prompt-loss: ≥ 0, got {a.prompt_loss}")
     if not 0.0 <= a.text_share < 1.0:
         p.error(f"--text-share: in [0, 1), got {a.text_share}")
     if not 16 <= a.min_length <= a.length:
@@ -374,7 +380,11 @@ def train(a, model, tok, device, log):
             g["lr"] = lr
         ids, labels, mask = (t.to(device) for t in rows.batch(tops))
         with torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else _null():
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            if a.prompt_loss:
+                loss = weighted_loss(model(input_ids=ids, attention_mask=mask).logits, ids, labels, mask,
+                                     a.prompt_loss)
+            else:
+                loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -407,6 +417,19 @@ def train(a, model, tok, device, log):
             print(json.dumps(rec), flush=True)
     log.append({"steps_done": done, "train_s": round(time.perf_counter() - t0, 1), "tops_reached": tops,
                 "curriculum_done_at": reached})
+
+
+def weighted_loss(logits, ids, labels, mask, w: float) -> torch.Tensor:
+    """``--prompt-loss``: the mean next-token loss on the answer tokens (``labels`` ≠ -100) plus
+    ``w`` times the mean on every other real token (``mask``; real-text rows, whose labels are
+    their ids, count as answers), so the heads that read a prompt (previous-token, induction)
+    get a gradient from every position, not only from the few answer tokens."""
+    logits, target = logits[:, :-1].float(), ids[:, 1:]
+    answer = labels[:, 1:] != -100
+    other = mask[:, 1:].bool() & ~answer
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    loss = (nll * answer).sum() / answer.sum().clamp(min=1)
+    return loss + w * (nll * other).sum() / other.sum().clamp(min=1)
 
 
 def _null():

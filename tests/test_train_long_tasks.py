@@ -7,6 +7,7 @@ import random
 import re
 
 import pytest
+import torch
 from conftest import load_script
 
 from attnprune.research.data import long_tasks as lt
@@ -212,3 +213,26 @@ def test_hard_rows_are_what_the_quick_check_asks(tl):
     assert min(counts) < check
     with pytest.raises(SystemExit):
         tl.parse(["--out", "unused", "--hard-share", "1.5"])
+
+
+def test_the_prompt_loss_adds_the_other_tokens_mean_and_is_the_models_loss_at_zero(tl):
+    a = tl.parse(["--out", "unused", "--tasks", "multikey", "--questions", "3", "--text-share", "0",
+                  "--batch", "3", "--min-length", "200", "--width", "32", "--heads", "2", "--ffn", "64",
+                  "--layers", "1", "--prompt-loss", "0.5"])
+    ids, labels, mask = tl.Rows(a).batch({"multikey": 320})
+    assert (mask == 0).any()  # right padding: its positions count nowhere
+    model = tl.build_model(a).eval()
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        stock = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        assert torch.allclose(tl.weighted_loss(logits, ids, labels, mask, 0.0), stock, atol=1e-5)
+        # worked out row by row: the answers' mean plus 0.5 × every other real token's mean
+        logp = torch.log_softmax(logits.double(), -1)
+        ans, other = [], []
+        for r in range(ids.shape[0]):
+            for j in range(1, int(mask[r].sum())):
+                (ans if labels[r, j] != -100 else other).append(-logp[r, j - 1, ids[r, j]])
+        want = torch.stack(ans).mean() + 0.5 * torch.stack(other).mean()
+        assert torch.allclose(tl.weighted_loss(logits, ids, labels, mask, 0.5).double(), want, atol=1e-5)
+    with pytest.raises(SystemExit):
+        tl.parse(["--out", "unused", "--prompt-loss", "-1"])
