@@ -97,6 +97,10 @@ def parse(argv):
     p.add_argument("--syllable-tokens", action="store_true",
                    help="bpe: split lowercase text into consonant-vowel syllables first (the suite's "
                         "keys are three of them), so a key ends in one of 70 syllable tokens")
+    p.add_argument("--syllable-is", action="store_true",
+                   help="with --syllable-tokens: a syllable followed by ' is' is one token, so a needle's "
+                        "'KEY is' ends in a token that names the key's last syllable, which a plain "
+                        "induction head (match the previous token, copy the next) can look up")
     p.add_argument("--prompt-loss", type=float, default=0.0,
                    help="weight of the language-model loss on every other token of a task row (prompt, "
                         "questions, cues), added to the answer tokens' mean loss (0: answers only)")
@@ -116,8 +120,8 @@ def parse(argv):
             prev = json.loads((Path(a.init) / "train.json").read_text())
         except (OSError, ValueError) as e:
             p.error(f"--init: {a.init} needs the train.json and model/ this script writes ({e})")
-        for k in ("tokenizer", "syllable_tokens", "digits_per_token", "layers", "width", "heads", "kv_heads",
-                  "ffn"):
+        for k in ("tokenizer", "syllable_tokens", "syllable_is", "digits_per_token", "layers", "width", "heads",
+                  "kv_heads", "ffn"):
             setattr(a, k, prev["args"].get(k, getattr(a, k)))
         reached = next((e["tops_reached"] for e in reversed(prev["log"]) if "tops_reached" in e), {})
         a.start_tops = {t: min(a.length, max(a.min_length, int(v))) for t, v in reached.items()}
@@ -132,6 +136,8 @@ def parse(argv):
         p.error(f"--prompt-loss: ≥ 0, got {a.prompt_loss}")
     if not 0.0 <= a.text_share < 1.0:
         p.error(f"--text-share: in [0, 1), got {a.text_share}")
+    if a.syllable_is and not a.syllable_tokens:
+        p.error("--syllable-is: needs --syllable-tokens")
     if not 16 <= a.min_length <= a.length:
         p.error(f"--min-length: in [16, --length], got {a.min_length}")
     if a.batch_tokens < 0:
@@ -179,22 +185,32 @@ def build_tokenizer(a):
     pieces = ([f"{i:0{k}d}" for k in range(1, a.digits_per_token + 1) for i in range(10 ** k)]
               if a.digits_per_token > 1 else [])
     pieces += list(lt.SYLLABLES) if a.syllable_tokens else []
+    pieces += [f"{s} is" for s in lt.SYLLABLES] if a.syllable_is else []
     texts += ["\n".join(pieces)] * 50 + ["".join(f" {c}" for c in pieces)] * 50 if pieces else []
     n = int(a.tokenizer.split(":")[1])
     bpe = Tokenizer(models.BPE())
     chunk = pre_tokenizers.Split(Regex(rf" ?[0-9]{{1,{a.digits_per_token}}}"), "isolated")
     splits = [chunk]
     if a.syllable_tokens:
-        splits.append(pre_tokenizers.Split(Regex(f" ?[{lt.CONSONANTS}][{lt.VOWELS}]"), "isolated"))
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([*splits, pre_tokenizers.ByteLevel(add_prefix_space=False)])
+        is_ = "(?: is(?![a-z]))?" if a.syllable_is else ""
+        splits.append(pre_tokenizers.Split(Regex(f" ?[{lt.CONSONANTS}][{lt.VOWELS}]{is_}"), "isolated"))
+    if a.syllable_is:  # ByteLevel's own word split (GPT-2's) would cut "lo is" again: the same split,
+        # done here with "syllable is" kept whole
+        splits.append(pre_tokenizers.Split(Regex(
+            f" ?[{lt.CONSONANTS}][{lt.VOWELS}] is(?![a-z])|'s|'t|'re|'ve|'m|'ll|'d| ?\\p{{L}}+| ?\\p{{N}}+"
+            "| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"), "isolated"))
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=not a.syllable_is)])
     bpe.decoder = decoders.ByteLevel()
     bpe.train_from_iterator(texts, trainers.BpeTrainer(
         vocab_size=n, special_tokens=["<pad>"], show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     vocab = bpe.get_vocab()
-    short = sum(c not in vocab or "Ġ" + c not in vocab for c in pieces)
+    # a one-syllable key never occurs: "syllable is" need not be a token after a space
+    need = [c.replace(" ", "Ġ") for c in pieces] + ["Ġ" + c for c in pieces if not c.endswith(" is")]
+    short = sum(c not in vocab for c in need)
     if short:
-        raise ValueError(f"--tokenizer: {n} tokens leave {short} of the {len(pieces)} digit chunks and "
+        raise ValueError(f"--tokenizer: {n} tokens leave {short} of the {len(need)} digit chunks and "
                          f"syllables (with a space before and without) in pieces; ask for more tokens")
     return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
 

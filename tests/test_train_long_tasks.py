@@ -168,6 +168,27 @@ def test_syllable_tokens_make_each_key_its_three_syllables(tl):
         assert tok.decode(tok.encode(ex.prompt, add_special_tokens=False)) == ex.prompt
 
 
+def test_syllable_is_makes_the_needle_and_the_answer_prefix_end_in_the_same_token(tl):
+    a, _ = _bpe(tl)
+    a.tokenizer, a.syllable_tokens, a.syllable_is = "bpe:1280", True, True
+    tok = tl.build_tokenizer(a)
+    for i in range(5):
+        ex = lt.example("multikey", 300, i, split="test", seed=2, tokenizer=tok)
+        key = ex.question.rsplit(" ", 1)[1][:-1]
+        ids = tok.encode(ex.prompt, add_special_tokens=False)
+        assert tok.decode(ids) == ex.prompt  # lossless
+        last = ids[-1]  # the answer prefix "… for KEY is" ends in "<last syllable> is"
+        assert tok.decode([last]) == key[4:] + " is"
+        needle = tok.encode(f"The magic number for {key} is {ex.answers[0]}.", add_special_tokens=False)
+        at = needle.index(last)
+        assert tok.decode(needle[:at + 1]).endswith(f"{key} is")
+        assert tok.decode([needle[at + 1]]) == " " + ex.answers[0][0]
+        # elsewhere " is" stays its own token
+        assert " is" in [tok.decode([t]) for t in tok.encode("The grass is green.", add_special_tokens=False)]
+    with pytest.raises(SystemExit):
+        tl.parse(["--out", "unused", "--tokenizer", "bpe:1280", "--syllable-is"])  # needs --syllable-tokens
+
+
 def test_init_goes_on_from_a_saved_run_with_its_tokenizer_and_curriculum(tl, tmp_path):
     import json
 
