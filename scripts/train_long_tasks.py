@@ -19,7 +19,10 @@ options its counts (keys, values, chains, hops, words) are scaled down until the
 context (the example's own and others about the same context, :func:`extra_questions`), a
 ``--recall-share`` of the extra ones as a restated needle whose value is to be copied
 (:func:`recall_lines`): one forward pass then supervises several retrievals. ``--prompt-loss W``
-adds W times the mean loss on every other token of a task row (:func:`weighted_loss`).
+adds W times the mean loss on every other token of a task row (:func:`weighted_loss`);
+``--repeat-share`` of the rows are a random token sequence written twice (:meth:`Rows.repeat`),
+the data on which induction heads form; ``--syllable-is`` makes "KEY is" end in one token
+that names the key's last syllable, so a needle's value is found by such a head.
 
 The top length grows from ``--min-length`` to ``--length`` either with time (over the first
 half of the run) or, with ``--grow-at A``, by mastery: each task has its own top, which grows
@@ -104,6 +107,10 @@ def parse(argv):
     p.add_argument("--prompt-loss", type=float, default=0.0,
                    help="weight of the language-model loss on every other token of a task row (prompt, "
                         "questions, cues), added to the answer tokens' mean loss (0: answers only)")
+    p.add_argument("--repeat-share", type=float, default=0.0,
+                   help="share of rows that are a random token sequence written twice, with loss on the "
+                        "second copy: the classic data on which induction heads form (a warm-up for "
+                        "copying from the context)")
     p.add_argument("--hard-share", type=float, default=0.0,
                    help="share of task rows at the task's current top length with its full counts "
                         "(as the quick checks ask; the others: a length in [--min-length, top] and "
@@ -134,6 +141,8 @@ def parse(argv):
         p.error(f"--hard-share: in [0, 1], got {a.hard_share}")
     if a.prompt_loss < 0:
         p.error(f"--prompt-loss: ≥ 0, got {a.prompt_loss}")
+    if not 0.0 <= a.repeat_share < 1.0 or a.repeat_share + a.text_share >= 1.0:
+        p.error(f"--repeat-share: in [0, 1) and below 1 - --text-share, got {a.repeat_share}")
     if not 0.0 <= a.text_share < 1.0:
         p.error(f"--text-share: in [0, 1), got {a.text_share}")
     if a.syllable_is and not a.syllable_tokens:
@@ -325,6 +334,14 @@ class Rows:
                 return ids, ids
         raise RuntimeError("no training file long enough for a real-text window")
 
+    def repeat(self, length: int) -> tuple[list[int], list[int]]:
+        """A random sequence of ⌊length/2⌋ token ids (never 0, the padding) written twice; loss on
+        the second copy after its first token (which nothing predicts): every label is a copy
+        of the token that followed the current one the first time."""
+        n = length // 2
+        x = [self.rng.randrange(1, len(self.tok) if self.a.tokenizer != "bytes" else 256) for _ in range(n)]
+        return x + x, [-100] * (n + 1) + x[1:]
+
     def task(self, length: int, task: str, scale: float | None = None) -> tuple[list[int], list[int]]:
         self.index += 1
         kw = {"code_packages": self.a.code_packages} if task == "code" else {}
@@ -350,7 +367,10 @@ class Rows:
         longest of them)."""
         rows = []
         for _ in range(max(self.a.batch, self.a.batch_tokens // max(tops.values()))):
-            if self.rng.random() < self.a.text_share:
+            u = self.rng.random()
+            if u < self.a.repeat_share:
+                rows.append(self.repeat(self.rng.randrange(self.a.min_length, max(tops.values()) + 1)))
+            elif u < self.a.repeat_share + self.a.text_share:
                 rows.append(self.text(self.rng.randrange(self.a.min_length, max(tops.values()) + 1)))
             else:
                 task = self.rng.choice(self.a.tasks)

@@ -257,3 +257,21 @@ def test_the_prompt_loss_adds_the_other_tokens_mean_and_is_the_models_loss_at_ze
         assert torch.allclose(tl.weighted_loss(logits, ids, labels, mask, 0.5).double(), want, atol=1e-5)
     with pytest.raises(SystemExit):
         tl.parse(["--out", "unused", "--prompt-loss", "-1"])
+
+
+def test_repeat_rows_supervise_the_second_copy_with_the_token_that_followed_the_first_time(tl):
+    a = tl.parse(["--out", "unused", "--tasks", "multikey", "--text-share", "0", "--repeat-share", "0.5",
+                  "--batch", "40", "--min-length", "200"])
+    rows = tl.Rows(a)
+    ids, labels = rows.repeat(101)
+    n = 50
+    assert len(ids) == len(labels) == 2 * n and ids[:n] == ids[n:] and 0 not in ids
+    assert labels[:n + 1] == [-100] * (n + 1)
+    for j in range(n + 1, 2 * n):  # the label is what followed the same position's token the first time
+        assert labels[j] == ids[j - n]
+    ids, labels, mask = tl.Rows(a).batch({"multikey": 320})
+    halves = [r for r in range(ids.shape[0])
+              if (k := int(mask[r].sum())) % 2 == 0 and torch.equal(ids[r, :k // 2], ids[r, k // 2:k])]
+    assert 8 <= len(halves) <= 32  # about half the rows (40 rows, share 0.5)
+    with pytest.raises(SystemExit):
+        tl.parse(["--out", "unused", "--repeat-share", "0.6", "--text-share", "0.5"])
