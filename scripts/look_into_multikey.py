@@ -1,0 +1,100 @@
+"""Look into a model that scripts/train_long_tasks.py trained: on ``multikey`` validation
+prompts, where the prompt's last position (the one that writes the answer's first token) puts
+its attention, per layer and head: on the asked needle's value tokens, on the other needles'
+value tokens, on the asked key's tokens. And the probability of the first answer token
+against the other needles' first tokens. A model that finds the key looks at the asked value;
+one that only finds "a needle" splits its attention between them.
+
+    python scripts/look_into_multikey.py --model DIR/model --length 80 [--n 32] [--seed 0] [--out F]
+
+Eager attention (the weights are read from ``output_attentions``); CPU, fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from attnprune.research.data import long_tasks as lt
+from attnprune.runs.results import atomic_write_text
+
+
+def spans(ex: lt.LongExample, offsets: list[tuple[int, int]]) -> dict[str, list[int]]:
+    """Token positions (from the tokenizer's character ``offsets`` of ``ex.prompt``) of the
+    asked needle's value, the other needles' values and the asked key in the asked needle."""
+    text, key = ex.prompt, ex.question.rsplit(" ", 1)[1][:-1]
+
+    def inside(a: int, b: int) -> list[int]:
+        return [j for j, (s, e) in enumerate(offsets) if s < b and e > a and text[s:e].strip()]
+
+    def value_at(v: str) -> list[int]:
+        s = text.index(f" is {v}.") + 4
+        return inside(s, s + len(v))
+
+    k = text.index(f"for {key} is {ex.answers[0]}.") + 4
+    return {"asked value": value_at(ex.answers[0]),
+            "other values": [j for d in ex.distractors for j in value_at(d)],
+            "asked key": inside(k, k + len(key))}
+
+
+def look(model, tok, examples) -> dict:
+    """Per layer and head, the mean attention of the last position on each span, and the mean
+    probability of the right first token and of the other needles' first tokens."""
+    mass, p_right, p_other = [], [], []
+    for ex in examples:
+        enc = tok(ex.prompt, add_special_tokens=False, return_offsets_mapping=True)
+        where = spans(ex, enc["offset_mapping"])
+        with torch.no_grad():
+            out = model(torch.tensor([enc["input_ids"]]), output_attentions=True)
+        probs = out.logits[0, -1].float().softmax(-1)
+        first = {tok.encode(" " + v, add_special_tokens=False)[0] for v in ex.answers}
+        others = {tok.encode(" " + v, add_special_tokens=False)[0] for v in ex.distractors} - first
+        p_right.append(sum(probs[i].item() for i in first))
+        p_other.append(sum(probs[i].item() for i in others))
+        mass.append([[{name: a[0, h, -1, pos].sum().item() for name, pos in where.items()}
+                      for h in range(a.shape[1])] for a in out.attentions])
+    layers = [[{name: statistics.fmean(m[li][h][name] for m in mass) for name in mass[0][li][h]}
+               for h in range(len(mass[0][li]))] for li in range(len(mass[0]))]
+    return {"n": len(examples), "p_right_first_token": statistics.fmean(p_right),
+            "p_other_first_tokens": statistics.fmean(p_other), "attention": layers}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="a folder with the model and its tokenizer (DIR/model)")
+    p.add_argument("--length", type=int, default=80)
+    p.add_argument("--n", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="")
+    a = p.parse_args(argv)
+    if not (Path(a.model) / "tokenizer.json").is_file():
+        p.error(f"--model: {a.model} holds no tokenizer.json (a BPE run of train_long_tasks.py saves one)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from train_long_tasks import fitted_example
+
+    tok = AutoTokenizer.from_pretrained(a.model)
+    model = AutoModelForCausalLM.from_pretrained(a.model, attn_implementation="eager").float().eval()
+    examples = [fitted_example("multikey", a.length, i, a.seed, "validation", tokenizer=tok) for i in range(a.n)]
+    res = look(model, tok, examples)
+    keys = sum(len(ex.distractors) + 1 for ex in examples) / len(examples)
+    print(f"multikey at {a.length} tokens, {a.n} validation prompts ({keys:.1f} keys on average)")
+    print(f"P(first answer token): right {res['p_right_first_token']:.3f}, "
+          f"another needle's {res['p_other_first_tokens']:.3f}")
+    print("layer head  attention of the last position on: asked value  other values  asked key")
+    for li, heads in enumerate(res["attention"]):
+        for h, m in enumerate(heads):
+            print(f"{li:>5} {h:>4}  {m['asked value']:>47.3f}  {m['other values']:>12.3f}  {m['asked key']:>9.3f}")
+    if a.out:
+        atomic_write_text(Path(a.out), json.dumps({"args": vars(a), **res}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,44 @@
+"""scripts/look_into_multikey.py: the spans it reads attention on are the asked needle's value,
+the other needles' values and the asked key, and the attention is the last position's."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import load_script
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tl, look = load_script("train_long_tasks"), load_script("look_into_multikey")
+    a = tl.parse(["--out", "unused", "--tasks", "multikey", "--tokenizer", "bpe:1024", "--syllable-tokens",
+                  "--width", "32", "--heads", "2", "--kv-heads", "1", "--ffn", "64", "--layers", "2"])
+    tok = tl.build_tokenizer(a)
+    model = tl.build_model(a, len(tok)).eval()
+    model.config._attn_implementation = "eager"
+    exs = [tl.fitted_example("multikey", 160, i, 0, "validation", tokenizer=tok) for i in range(4)]
+    return look, tok, model, exs
+
+
+def test_the_spans_are_the_asked_value_the_other_values_and_the_asked_key(setup):
+    look, tok, _, exs = setup
+    for ex in exs:
+        enc = tok(ex.prompt, add_special_tokens=False, return_offsets_mapping=True)
+        where = look.spans(ex, enc["offset_mapping"])
+        ids = enc["input_ids"]
+        assert tok.decode([ids[j] for j in where["asked value"]]).strip() == ex.answers[0]
+        assert "".join(tok.decode([ids[j]]) for j in where["other values"]).replace(" ", "") == "".join(ex.distractors)
+        key = ex.question.rsplit(" ", 1)[1][:-1]
+        assert tok.decode([ids[j] for j in where["asked key"]]).strip() == key
+        assert where["asked key"][-1] < where["asked value"][0]  # the key in the asked needle
+
+
+def test_the_attention_read_is_the_last_positions(setup):
+    look, tok, model, exs = setup
+    res = look.look(model, tok, exs)
+    assert res["n"] == 4 and len(res["attention"]) == 2 and len(res["attention"][0]) == 2
+    for heads in res["attention"]:
+        for m in heads:
+            # a random model's last position spreads its attention: some of it on every span,
+            # never more than all of it (the first position's row would put none there)
+            assert all(v > 0 for v in m.values()) and sum(m.values()) <= 1 + 1e-6
+    assert 0 < res["p_right_first_token"] < 1 and 0 <= res["p_other_first_tokens"] < 1
