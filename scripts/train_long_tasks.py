@@ -75,7 +75,9 @@ def parse(argv):
     p.add_argument("--batch-tokens", type=int, default=0,
                    help="> 0: a step holds max(--batch, this // the step's top length) rows")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--steps", type=int, default=20_000, help="the schedule's length if the deadline is not hit first")
+    p.add_argument("--steps", type=int, default=20_000,
+                   help="the schedule's length if the deadline is not hit first (0 with --init: "
+                        "evaluate the saved model at --length, unchanged)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-n", type=int, default=64)
     p.add_argument("--questions", type=int, default=1,
@@ -153,8 +155,10 @@ def parse(argv):
         p.error(f"--batch-tokens: ≥ 0, got {a.batch_tokens}")
     if not 0.0 <= a.grow_at <= 1.0 or a.check_steps < 1:
         p.error(f"--grow-at: in [0, 1] and --check-steps ≥ 1, got {a.grow_at} and {a.check_steps}")
-    if a.max_minutes <= 0 or a.batch < 1 or a.steps < 1 or a.eval_n < 1 or a.questions < 1:
-        p.error("--max-minutes, --batch, --steps, --eval-n, --questions: must be > 0")
+    if a.max_minutes <= 0 or a.batch < 1 or a.steps < 0 or a.eval_n < 1 or a.questions < 1:
+        p.error("--max-minutes, --batch, --eval-n, --questions: must be > 0; --steps ≥ 0")
+    if a.steps == 0 and not a.init:
+        p.error("--steps 0 (evaluate only): needs --init, the model to evaluate")
     if a.tokenizer != "bytes":
         m = re.fullmatch(r"bpe:(\d+)", a.tokenizer)
         if not m or not 300 <= int(m.group(1)) <= 65_536:

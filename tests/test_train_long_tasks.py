@@ -217,6 +217,16 @@ def test_init_goes_on_from_a_saved_run_with_its_tokenizer_and_curriculum(tl, tmp
     assert r0 != r1  # a later round draws other examples
     with pytest.raises(SystemExit):
         tl.parse(["--out", "x", "--init", str(tmp_path / "nothing")])
+    # --steps 0: the saved model evaluated at --length, unchanged
+    only = tmp_path / "only"
+    assert tl.main(["--out", str(only), "--init", str(first), *tiny[:-6], "--batch", "2", "--steps", "0",
+                    "--eval-n", "2"]) == 0
+    c = load_file(only / "model" / "model.safetensors")
+    assert all(torch.equal(a[k], c[k]) for k in a)
+    rec = json.loads((only / "train.json").read_text())
+    assert rec["log"][-1]["steps_done"] == 0 and set(rec["validation_accuracy"]["multikey"]) >= {"full", "last 25 %"}
+    with pytest.raises(SystemExit):
+        tl.parse(["--out", "x", "--steps", "0"])  # nothing to evaluate
 
 
 def test_hard_rows_are_what_the_quick_check_asks(tl):
