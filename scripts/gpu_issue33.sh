@@ -6,10 +6,13 @@
 # mostly idle, so they share it well). The recipe: every task of the suite and real Python
 # source (--text-share), several questions per training prompt, a share of them as restated
 # needles, and a curriculum by mastery from short prompts to LENGTH tokens (the learning rate
-# decays only once the curriculum reached LENGTH). Tokens: a BPE of 1,024 learned from the
-# training split, each syllable one token (TOKENIZER; "bytes" for the byte-level models), lr
-# 1e-3 (the CPU probes of docs/results/long_tasks_cpu_probes: at 2e-3 and small batches the
-# first value token was not learned). Each model: $OUT/<name>/model (save_pretrained),
+# decays only once the curriculum reached LENGTH), a language-model loss on the whole prompt
+# (--prompt-loss 0.3) and 30 % of the rows a random sequence written twice (--repeat-share:
+# the data on which induction heads form). Tokens: a BPE of 4,096 learned from the training
+# split, each syllable one token, a key's last syllable and " is" one token, digits in chunks
+# of three (TOKENIZER; "bytes" for the byte-level models), lr 1e-3. The CPU probes of
+# docs/results/long_tasks_cpu_probes chose these: at 2e-3 and small batches the first value
+# token was not learned, and only P7's recipe got past picking a needle at random at two keys. Each model: $OUT/<name>/model (save_pretrained),
 # its train.json (log, the SHA-256 of model.safetensors, validation accuracy unpruned and with
 # the prompt cut to its last 25 %), <name>.log. STEPS.txt: each run's exit code and seconds.
 # On the device machine:
@@ -29,19 +32,20 @@ MINUTES=${MINUTES:-3}              # each model's training deadline (all six run
 LENGTH=${LENGTH:-2048}
 TASKS=${TASKS:-multikey,multivalue,vartrack,freqwords}
 SEEDS=${SEEDS:-0 1 2}
-TOKENIZER=${TOKENIZER:-bpe:1024 --syllable-tokens}  # options split on purpose; or "bytes"
+TOKENIZER=${TOKENIZER:-bpe:4096 --syllable-tokens --syllable-is --digits-per-token 3}  # split on purpose; or "bytes"
 LR=${LR:-1e-3}
 SHAPE=(--layers 4 --width 128 --heads 4 --kv-heads 2 --ffn 384)
 SHALLOW=(--layers 2 --width 128 --heads 4 --kv-heads 2 --ffn 384)
-RECIPE=(--min-length 96 --batch 32 --batch-tokens 16384 --questions 8 --recall-share 0.3
-        --grow-at 0.9 --check-steps 200 --lr "$LR" --text-share 0.1 --eval-n 32)
+RECIPE=(--min-length 64 --batch 32 --batch-tokens 16384 --questions 8 --recall-share 0.3
+        --grow-at 0.9 --check-steps 200 --lr "$LR" --text-share 0.1 --eval-n 32
+        --prompt-loss 0.3 --repeat-share 0.3)
 THREADS=2
 if [[ $QUICK == true ]]; then
   MINUTES=0.1 LENGTH=256 SEEDS="0 1"
   SHAPE=(--layers 2 --width 32 --heads 2 --kv-heads 1 --ffn 64)
   SHALLOW=(--layers 1 --width 32 --heads 2 --kv-heads 1 --ffn 64)
   RECIPE=(--min-length 160 --batch 4 --questions 4 --recall-share 0.3 --grow-at 0.9
-          --check-steps 5 --lr 2e-3 --text-share 0.1 --eval-n 2)
+          --check-steps 5 --lr 2e-3 --text-share 0.1 --eval-n 2 --prompt-loss 0.3 --repeat-share 0.3)
   THREADS=1
 fi
 mkdir -p "$OUT"
