@@ -369,13 +369,13 @@ class Rows:
     def batch(self, tops: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A batch at the tasks' current top lengths (``tops``: task → top; real text at the
         longest of them)."""
-        rows = []
-        for _ in range(max(self.a.batch, self.a.batch_tokens // max(tops.values()))):
+        rows, top = [], max(tops.values())
+        for _ in range(max(self.a.batch, self.a.batch_tokens // top)):
             u = self.rng.random()
             if u < self.a.repeat_share:
-                rows.append(self.repeat(self.rng.randrange(self.a.min_length, max(tops.values()) + 1)))
+                rows.append(self.repeat(self.rng.randrange(self.a.min_length, top + 1)))
             elif u < self.a.repeat_share + self.a.text_share:
-                rows.append(self.text(self.rng.randrange(self.a.min_length, max(tops.values()) + 1)))
+                rows.append(self.text(self.rng.randrange(self.a.min_length, top + 1)))
             else:
                 task = self.rng.choice(self.a.tasks)
                 if self.rng.random() < self.a.hard_share:  # as the quick check asks: the top, all counts
