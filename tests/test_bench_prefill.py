@@ -5,6 +5,7 @@ batches; bad options name the field."""
 from __future__ import annotations
 
 import platform
+import warnings
 
 import pytest
 import torch
@@ -109,6 +110,23 @@ def test_decode_runs_through_the_pruned_cache():
     _pruned_decode(model, ids, mask, {"method": "fastv", "keep": 0.25, "layer": 1, "window": 4,
                                       "sinks": 1}, 2)()
     _stock_decode(model, ids, mask, 2)()
+
+
+def test_stock_decode_uses_the_installed_cache_argument():
+    """transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns until
+    5.40, then fails): the stock decode and the suite's unpruned answers pass the installed
+    name."""
+    from attnprune.bench.prefill import _stock_decode
+    from attnprune.research.experiments.long_tasks import answer
+
+    model = build_model(BenchPrefillConfig(**TINY))
+    ids = torch.randint(1, 100, (1, 32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        _stock_decode(model, ids, torch.ones_like(ids), 2)()
+        with torch.inference_mode():
+            out = answer(model, ids[0, :24].tolist(), ids[0, 24:].tolist(), 3, keep=1.0)
+    assert len(out) == 3
 
 
 @pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")

@@ -195,17 +195,19 @@ def variants(cfg: BenchPrefillConfig) -> dict[str, dict | None]:
 
 def _stock_decode(model, ids, mask, steps: int):
     """Prefill (untimed) → a callable running ``steps`` greedy decode steps on the HF cache."""
+    from attnprune.hosts.hf_causal import cache_kwargs, output_cache
+
     with torch.inference_mode():
         out = model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
-    cache, nxt, m = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True), mask
+    cache, nxt, m = output_cache(out), out.logits[:, -1].argmax(-1, keepdim=True), mask
 
     def run():
         nonlocal cache, nxt, m
         with torch.inference_mode():
             for _ in range(steps):
                 m = torch.cat([m, torch.ones_like(nxt)], 1)
-                o = model(nxt, attention_mask=m, past_key_values=cache, use_cache=True)
-                cache, nxt = o.past_key_values, o.logits[:, -1].argmax(-1, keepdim=True)
+                o = model(nxt, attention_mask=m, use_cache=True, **cache_kwargs(cache))
+                cache, nxt = output_cache(o), o.logits[:, -1].argmax(-1, keepdim=True)
     return run
 
 

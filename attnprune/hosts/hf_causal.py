@@ -119,6 +119,12 @@ def cache_kwargs(cache) -> dict:
     return {CACHE_KW: cache}
 
 
+def output_cache(out):
+    """The cache a model's output holds, under the installed transformers' field name (the old
+    ``past_key_values`` attribute logs a deprecation from 5.24)."""
+    return getattr(out, CACHE_KW)
+
+
 def causal_methods() -> list[str]:
     """Registered token methods whose decisions are causal (usable with this host)."""
     return [n for n in registry.list_methods("token") if getattr(registry.get(n).cls, "causal", False)]

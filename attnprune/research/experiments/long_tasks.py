@@ -199,10 +199,12 @@ def answer(model: nn.Module, head: list[int], tail: list[int], max_new_tokens: i
     if options.get("keep") == 1.0:
         from transformers import DynamicCache
 
+        from attnprune.hosts.hf_causal import cache_kwargs
+
         cache = DynamicCache()
 
         def step(ids: list[int]) -> torch.Tensor:
-            return model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True).logits[0, -1]
+            return model(input_ids=torch.tensor([ids]), use_cache=True, **cache_kwargs(cache)).logits[0, -1]
 
         def start(ids: list[int], n_new: int) -> torch.Tensor:
             return step(ids)
