@@ -205,6 +205,14 @@ def test_each_model_must_read_the_ids_of_the_tokenizer_given(model_dir, tmp_path
     with pytest.raises(ValueError, match="tokenizer: the model in"):
         ev.main(argv)  # the default tokenizer, bytes, on a model with its own
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("seed*"))
+    # lengths are checked in the given tokenizer's tokens too, before any folder is made
+    short = ["--model", str(own), "--tokenizer", str(own), "--tasks", "multikey", "--lengths", "40",
+             "--n", "1", "--out", str(tmp_path / "short")]
+    with pytest.raises(ValueError, match="lengths: length: 40 is too short for the multikey"):
+        ev.main(short)
+    assert not (tmp_path / "short").exists()
+    with pytest.raises(ValueError, match="tokenizer: cannot load"):
+        ev.LongTasksConfig(tokenizer=str(tmp_path / "missing"), tasks=("multikey",))
 
 
 def test_the_code_task_is_scored_teacher_forced_in_bits_per_byte(model_dir):

@@ -114,13 +114,21 @@ class LongTasksConfig:
         if self.search_layers and (self.fastv_layer is not None or self.gemfilter_layer is not None):
             raise ValueError("search_layers: the cut layers are searched, so give neither fastv_layer "
                              "nor gemfilter_layer")
-        if self.tokenizer == "bytes":  # a length too short for a task fails here, before any work
-            for task in (t for t in self.tasks if t in lt.SYNTHETIC):
-                for L in self.lengths:
-                    try:
-                        lt.example(task, L, 0, split=self.split, seed=self.seed, placement=self.placement)
-                    except ValueError as e:
-                        raise ValueError(f"lengths: {e}") from None
+        # a length too short for a task fails here, before any work (in the tokenizer's tokens)
+        synthetic = [t for t in self.tasks if t in lt.SYNTHETIC]
+        tok = None
+        if synthetic and self.tokenizer != "bytes":
+            try:
+                tok = load_tokenizer(self.tokenizer)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"tokenizer: cannot load {self.tokenizer!r}: {e}") from None
+        for task in synthetic:
+            for L in self.lengths:
+                try:
+                    lt.example(task, L, 0, split=self.split, seed=self.seed, placement=self.placement,
+                               tokenizer=tok)
+                except ValueError as e:
+                    raise ValueError(f"lengths: {e}") from None
         if self.search_n < 1:
             raise ValueError(f"search_n: ≥ 1, got {self.search_n}")
         if self.n < 1 or self.max_new_tokens < 0 or self.threads < 0 or self.n_resamples < 1:
