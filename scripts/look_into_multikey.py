@@ -5,6 +5,12 @@ value tokens, on the asked key's tokens. And the probability of the first answer
 against the other needles' first tokens. A model that finds the key looks at the asked value;
 one that only finds "a needle" splits its attention between them.
 
+Per prompt, too: whether the most probable first token is right, and whether the token just
+before the asked value (with ``--syllable-is``: the asked key's last syllable and " is") also
+stands before another needle's value. A model that matches only that one token (a plain
+induction head) cannot tell such prompts apart from their twins; its right answers on them are
+at most about half.
+
     python scripts/look_into_multikey.py --model DIR/model --length 80 [--n 32] [--seed 0] [--out F]
 
 Eager attention (the weights are read from ``output_attentions``); CPU, fp32.
@@ -42,13 +48,25 @@ def spans(ex: lt.LongExample, offsets: list[tuple[int, int]]) -> dict[str, list[
             "asked key": inside(k, k + len(key))}
 
 
+def shared_cue(ex: lt.LongExample, ids: list[int], offsets: list[tuple[int, int]]) -> bool:
+    """Whether the token before the asked needle's value also stands before another needle's."""
+    text = ex.prompt
+
+    def before(v: str) -> int:
+        s = text.index(f" is {v}.") + 4  # the value's first character
+        first = min(j for j, (a, b) in enumerate(offsets) if a < s + len(v) and b > s and text[a:b].strip())
+        return ids[first - 1]
+    return before(ex.answers[0]) in {before(d) for d in ex.distractors}
+
+
 def look(model, tok, examples) -> dict:
     """Per layer and head, the mean attention of the last position on each span, and the mean
     probability of the right first token and of the other needles' first tokens."""
-    mass, p_right, p_other = [], [], []
+    mass, p_right, p_other, prompts = [], [], [], []
     for ex in examples:
         enc = tok(ex.prompt, add_special_tokens=False, return_offsets_mapping=True)
         where = spans(ex, enc["offset_mapping"])
+        shared = shared_cue(ex, enc["input_ids"], enc["offset_mapping"])
         with torch.no_grad():
             out = model(torch.tensor([enc["input_ids"]]), output_attentions=True)
         probs = out.logits[0, -1].float().softmax(-1)
@@ -56,12 +74,19 @@ def look(model, tok, examples) -> dict:
         others = {tok.encode(" " + v, add_special_tokens=False)[0] for v in ex.distractors} - first
         p_right.append(sum(probs[i].item() for i in first))
         p_other.append(sum(probs[i].item() for i in others))
+        prompts.append({"index": ex.meta.get("index"), "right_first_token": int(probs.argmax()) in first,
+                        "shared_cue": shared})
         mass.append([[{name: a[0, h, -1, pos].sum().item() for name, pos in where.items()}
                       for h in range(a.shape[1])] for a in out.attentions])
     layers = [[{name: statistics.fmean(m[li][h][name] for m in mass) for name in mass[0][li][h]}
                for h in range(len(mass[0][li]))] for li in range(len(mass[0]))]
+    by_cue = {}
+    for name, want in (("shared cue", True), ("own cue", False)):
+        group = [r["right_first_token"] for r in prompts if r["shared_cue"] == want]
+        by_cue[name] = {"n": len(group), "right_first_token": statistics.fmean(group) if group else None}
     return {"n": len(examples), "p_right_first_token": statistics.fmean(p_right),
-            "p_other_first_tokens": statistics.fmean(p_other), "attention": layers}
+            "p_other_first_tokens": statistics.fmean(p_other), "by_cue": by_cue, "prompts": prompts,
+            "attention": layers}
 
 
 def main(argv=None) -> int:
@@ -87,6 +112,10 @@ def main(argv=None) -> int:
     print(f"multikey at {a.length} tokens, {a.n} validation prompts ({keys:.1f} keys on average)")
     print(f"P(first answer token): right {res['p_right_first_token']:.3f}, "
           f"another needle's {res['p_other_first_tokens']:.3f}")
+    for name, g in res["by_cue"].items():
+        acc = "—" if g["right_first_token"] is None else f"{g['right_first_token']:.3f}"
+        print(f"most probable first token right, prompts whose asked value's previous token is "
+              f"{'shared with another needle' if name == 'shared cue' else 'its own'}: {acc} of {g['n']}")
     print("layer head  attention of the last position on: asked value  other values  asked key")
     for li, heads in enumerate(res["attention"]):
         for h, m in enumerate(heads):

@@ -3,6 +3,8 @@ the other needles' values and the asked key, and the attention is the last posit
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import load_script
 
@@ -42,3 +44,31 @@ def test_the_attention_read_is_the_last_positions(setup):
             # never more than all of it (the first position's row would put none there)
             assert all(v > 0 for v in m.values()) and sum(m.values()) <= 1 + 1e-6
     assert 0 < res["p_right_first_token"] < 1 and 0 <= res["p_other_first_tokens"] < 1
+
+
+def test_a_shared_cue_is_a_key_ending_like_another_needles_key():
+    """With --syllable-is the token before a value is "<key's last syllable> is": the asked
+    needle's cue is shared exactly when another key ends in the same syllable."""
+    tl, look = load_script("train_long_tasks"), load_script("look_into_multikey")
+    a = tl.parse(["--out", "unused", "--tasks", "multikey", "--tokenizer", "bpe:2048", "--syllable-tokens",
+                  "--syllable-is"])
+    tok = tl.build_tokenizer(a)
+    syllables = sorted(look.lt.SYLLABLES, key=len, reverse=True)
+
+    def last_syllable(word):
+        while True:
+            s = next(s for s in syllables if word.startswith(s))
+            if s == word:
+                return s
+            word = word[len(s):]
+
+    seen = set()
+    for i in range(40):
+        ex = tl.fitted_example("multikey", 400, i, 0, "validation", tokenizer=tok)
+        enc = tok(ex.prompt, add_special_tokens=False, return_offsets_mapping=True)
+        key = ex.question.rsplit(" ", 1)[1][:-1]
+        keys = [k for k in re.findall(r"The magic number for (\w+) is", ex.prompt) if k != key]
+        want = any(last_syllable(k) == last_syllable(key) for k in keys)
+        assert look.shared_cue(ex, enc["input_ids"], enc["offset_mapping"]) == want, i
+        seen.add(want)
+    assert seen == {True, False}  # both kinds among the prompts
