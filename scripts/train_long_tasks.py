@@ -24,6 +24,12 @@ adds W times the mean loss on every other token of a task row (:func:`weighted_l
 the data on which induction heads form; ``--syllable-is`` makes "KEY is" end in one token
 that names the key's last syllable, so a needle's value is found by such a head.
 
+Making rows (generating the examples, encoding them) costs a CPU core about 0.1 s per 10 k
+tokens, more than a GPU's step of these tiny models. ``--data-workers N`` makes the batches
+ahead in N processes (:class:`Prefetch`); each step's rows are then seeded by the step
+(:meth:`Rows.rows_at`), so they are the same for any N, and a curriculum growth reaches the
+rows 2·N steps late (the batches already asked for keep the old tops).
+
 The top length grows from ``--min-length`` to ``--length`` either with time (over the first
 half of the run) or, with ``--grow-at A``, by mastery: each task has its own top, which grows
 by 25 % each time the task's quick check there (16 validation examples, greedy) reaches
@@ -44,6 +50,8 @@ import functools
 import hashlib
 import json
 import math
+import multiprocessing
+import queue
 import random
 import re
 import sys
@@ -117,6 +125,9 @@ def parse(argv):
                    help="share of task rows at the task's current top length with its full counts "
                         "(as the quick checks ask; the others: a length in [--min-length, top] and "
                         "counts drawn small)")
+    p.add_argument("--data-workers", type=int, default=0,
+                   help="> 0: the training batches are made ahead in this many processes (a GPU's steps "
+                        "outrun one core making rows); each step's rows are then seeded by its step")
     p.add_argument("--init", default="",
                    help="a folder this script wrote (DIR/model, DIR/train.json): go on training that "
                         "model, with its tokenizer, each task from the length its curriculum reached "
@@ -153,6 +164,10 @@ def parse(argv):
         p.error(f"--min-length: in [16, --length], got {a.min_length}")
     if a.batch_tokens < 0:
         p.error(f"--batch-tokens: ≥ 0, got {a.batch_tokens}")
+    if a.data_workers < 0:
+        p.error(f"--data-workers: ≥ 0, got {a.data_workers}")
+    if a.data_workers and "fork" not in multiprocessing.get_all_start_methods():
+        p.error("--data-workers: needs the fork start method (Linux); use 0 here")
     if not 0.0 <= a.grow_at <= 1.0 or a.check_steps < 1:
         p.error(f"--grow-at: in [0, 1] and --check-steps ≥ 1, got {a.grow_at} and {a.check_steps}")
     if a.max_minutes <= 0 or a.batch < 1 or a.steps < 0 or a.eval_n < 1 or a.questions < 1:
@@ -368,7 +383,17 @@ class Rows:
 
     def batch(self, tops: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A batch at the tasks' current top lengths (``tops``: task → top; real text at the
-        longest of them)."""
+        longest of them), drawn from this object's running random stream."""
+        return collate(self.rows(tops))
+
+    def rows_at(self, step: int, tops: dict[str, int]) -> list[tuple[list[int], list[int]]]:
+        """Step ``step``'s rows at ``tops``, a function of (seed, round, step, tops) only: what
+        :class:`Prefetch`'s workers make, whichever worker makes it."""
+        self.rng = random.Random(f"train_long_tasks:{self.a.seed}:round{self.a.round}:step{step}")
+        self.index = (self.a.round * 1_000_000 + step) * 1_000_000  # example indices of this step
+        return self.rows(tops)
+
+    def rows(self, tops: dict[str, int]) -> list[tuple[list[int], list[int]]]:
         rows, top = [], max(tops.values())
         for _ in range(max(self.a.batch, self.a.batch_tokens // top)):
             u = self.rng.random()
@@ -382,17 +407,94 @@ class Rows:
                     rows.append(self.task(tops[task], task, scale=1.0))
                 else:
                     rows.append(self.task(self.rng.randrange(self.a.min_length, tops[task] + 1), task))
-        n = max(len(r[0]) for r in rows)  # right padding: no loss, no attention
-        ids = torch.zeros(len(rows), n, dtype=torch.long)
-        labels = torch.full((len(rows), n), -100, dtype=torch.long)
-        mask = torch.zeros(len(rows), n, dtype=torch.long)
-        for i, (x, y) in enumerate(rows):
-            ids[i, :len(x)], labels[i, :len(y)], mask[i, :len(x)] = torch.tensor(x), torch.tensor(y), 1
-        return ids, labels, mask
+        return rows
+
+
+def collate(rows: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, labels, attention mask), right-padded with id 0 (no loss, no attention)."""
+    n = max(len(r[0]) for r in rows)
+    ids = torch.zeros(len(rows), n, dtype=torch.long)
+    labels = torch.full((len(rows), n), -100, dtype=torch.long)
+    mask = torch.zeros(len(rows), n, dtype=torch.long)
+    for i, (x, y) in enumerate(rows):
+        ids[i, :len(x)], labels[i, :len(y)], mask[i, :len(x)] = torch.tensor(x), torch.tensor(y), 1
+    return ids, labels, mask
+
+
+def _work(rows: Rows, inbox, outbox) -> None:
+    """A :class:`Prefetch` worker: make the rows of each (step, tops) asked, in order, until None."""
+    torch.set_num_threads(1)
+    for step, tops in iter(inbox.get, None):
+        try:
+            outbox.put(("rows", rows.rows_at(step, tops)))
+        except Exception as e:  # noqa: BLE001 - handed to the trainer, which raises it
+            outbox.put(("error", f"step {step}: {type(e).__name__}: {e}"))
+    outbox.cancel_join_thread()  # rows made ahead and never asked for: exit without flushing them
+
+
+class Prefetch:
+    """``--data-workers``: batches made ahead in N forked worker processes (they inherit the
+    tokenizer and the corpus list; nothing but (step, tops) and token lists crosses a queue).
+    Step ``s`` goes to worker ``s mod N`` and its rows are :meth:`Rows.rows_at` ``(s, tops)``
+    with the tops known when ``s`` was asked for, 2·N − 1 steps ahead, so the stream depends on
+    the seed and the curriculum, not on which worker was quicker. The tensors are made here.
+    Close it (or use it in a ``with``) to stop the workers."""
+
+    def __init__(self, a, tok, workers: int):
+        ctx = multiprocessing.get_context("fork")
+        self.inbox = [ctx.Queue() for _ in range(workers)]
+        self.outbox = [ctx.Queue() for _ in range(workers)]
+        self.procs = [ctx.Process(target=_work, args=(Rows(a, tok), i, o), daemon=True)
+                      for i, o in zip(self.inbox, self.outbox)]
+        for proc in self.procs:
+            proc.start()
+        self.depth, self.asked, self.next = 2 * len(self.procs), 0, 0
+
+    def batch(self, step: int, tops: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if step != self.next:
+            raise ValueError(f"step: batches are asked for in order, expected {self.next}, got {step}")
+        n = len(self.procs)
+        while self.asked < step + self.depth:
+            self.inbox[self.asked % n].put((self.asked, dict(tops)))
+            self.asked += 1
+        self.next += 1
+        while True:
+            try:
+                kind, got = self.outbox[step % n].get(timeout=5)
+                break
+            except queue.Empty:
+                if not self.procs[step % n].is_alive():
+                    raise RuntimeError(f"--data-workers: worker {step % n} died "
+                                       f"(exit code {self.procs[step % n].exitcode})") from None
+        if kind == "error":
+            raise RuntimeError(f"--data-workers: a worker failed at {got}")
+        return collate(got)
+
+    def close(self) -> None:
+        for box in self.inbox:
+            box.put(None)
+        for proc in self.procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def train(a, model, tok, device, log):
+    if a.data_workers:
+        with Prefetch(a, tok, a.data_workers) as ahead:
+            return _train(a, model, tok, device, log, ahead.batch)
     rows = Rows(a, tok)
+    return _train(a, model, tok, device, log, lambda step, tops: rows.batch(tops))
+
+
+def _train(a, model, tok, device, log, batch):
     fused = {"fused": True} if device.type == "cuda" else {}
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01, **fused)
     deadline, warm = a.max_minutes * 60, max(1, a.steps // 50)
@@ -418,7 +520,7 @@ def train(a, model, tok, device, log):
         lr = a.lr * rise * 0.5 * (1 + math.cos(math.pi * min(decay, 1.0)))
         for g in opt.param_groups:
             g["lr"] = lr
-        ids, labels, mask = (t.to(device) for t in rows.batch(tops))
+        ids, labels, mask = (t.to(device) for t in batch(step, tops))
         with torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else _null():
             if a.prompt_loss:
                 loss = weighted_loss(model(input_ids=ids, attention_mask=mask).logits, ids, labels, mask,

@@ -3,6 +3,7 @@ prompt carries are right, and only answer bytes carry loss."""
 
 from __future__ import annotations
 
+import argparse
 import random
 import re
 
@@ -285,3 +286,55 @@ def test_repeat_rows_supervise_the_second_copy_with_the_token_that_followed_the_
     assert 8 <= len(halves) <= 32  # about half the rows (40 rows, share 0.5)
     with pytest.raises(SystemExit):
         tl.parse(["--out", "unused", "--repeat-share", "0.6", "--text-share", "0.5"])
+
+
+def test_a_steps_rows_are_a_function_of_the_seed_the_step_and_the_tops(tl):
+    a = tl.parse(["--out", "unused", "--tasks", "multikey", "--text-share", "0", "--min-length", "128",
+                  "--batch", "8", "--repeat-share", "0.5"])
+    tops = {"multikey": 200}
+    first, other = tl.Rows(a), tl.Rows(a)
+    other.batch(tops)  # a running stream drawn from first does not matter
+    assert first.rows_at(4, tops) == other.rows_at(4, tops)
+    assert first.rows_at(4, tops) != first.rows_at(5, tops)
+
+    def repeats(rows):  # the rows that are a random sequence written twice: all the step's draws
+        return [x for x, _ in rows if x[:len(x) // 2] == x[len(x) // 2:]]
+    assert repeats(first.rows_at(4, tops)) and repeats(first.rows_at(5, tops))
+    assert not set(map(tuple, repeats(first.rows_at(4, tops)))) & set(map(tuple, repeats(first.rows_at(5, tops))))
+    assert first.rows_at(4, tops) != first.rows_at(4, {"multikey": 300})
+    b = argparse.Namespace(**{**vars(a), "seed": 1})
+    assert tl.Rows(b).rows_at(4, tops) != first.rows_at(4, tops)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_prefetched_batches_are_each_steps_rows_at_the_tops_asked_ahead(tl, workers):
+    """Step t's rows are rows_at(t, the tops at step t − 2·N + 1), whichever worker made them."""
+    a = tl.parse(["--out", "unused", "--tasks", "multikey", "--text-share", "0", "--min-length", "128",
+                  "--batch", "2", "--data-workers", str(workers)])
+    tops_at = [{"multikey": 160}] * 4 + [{"multikey": 200}] * 8  # the curriculum grows at step 4
+    ref, depth = tl.Rows(a), 2 * workers
+    with tl.Prefetch(a, None, workers) as ahead:
+        for t, tops in enumerate(tops_at):
+            got = ahead.batch(t, tops)
+            want = tl.collate(ref.rows_at(t, tops_at[max(0, t - depth + 1)]))
+            assert all(torch.equal(g, w) for g, w in zip(got, want)), t
+        with pytest.raises(ValueError, match="step: batches are asked for in order"):
+            ahead.batch(20, tops_at[0])
+        procs = ahead.procs
+    assert not any(p.is_alive() for p in procs)  # closed: the workers are gone
+
+
+def test_a_run_with_data_workers_trains_and_leaves_no_process(tl, tmp_path):
+    import multiprocessing
+
+    rc = tl.main(["--out", str(tmp_path), "--device", "cpu", "--threads", "1", "--tasks", "multikey",
+                  "--text-share", "0", "--length", "160", "--min-length", "128", "--layers", "1", "--width", "32",
+                  "--heads", "2", "--kv-heads", "1", "--ffn", "64", "--batch", "2", "--steps", "3", "--eval-n", "2",
+                  "--data-workers", "2"])
+    assert rc == 0 and not multiprocessing.active_children()
+    import json
+
+    log = json.loads((tmp_path / "train.json").read_text())["log"]
+    assert any(e.get("steps_done") == 3 for e in log)
+    with pytest.raises(SystemExit):
+        tl.parse(["--out", "unused", "--data-workers", "-1"])
