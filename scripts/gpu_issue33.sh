@@ -34,7 +34,7 @@ TASKS=${TASKS:-multikey,multivalue,vartrack,freqwords}
 SEEDS=${SEEDS:-0 1 2}
 TOKENIZER=${TOKENIZER:-bpe:4096 --syllable-tokens --syllable-is --digits-per-token 3}  # split on purpose; or "bytes"
 LR=${LR:-1e-3}
-# making rows costs a core about 0.1 s per 10 k tokens (measured on the 2-core CPU), more than a
+# making rows costs a core 0.06–0.1 s per 10 k tokens (measured on the 2-core CPU), more than a
 # GPU step of these models: each run makes its batches ahead in this many processes
 # (16 cores: six runs × (1 + 2) processes)
 DATA_WORKERS=${DATA_WORKERS:-2}

@@ -24,7 +24,7 @@ adds W times the mean loss on every other token of a task row (:func:`weighted_l
 the data on which induction heads form; ``--syllable-is`` makes "KEY is" end in one token
 that names the key's last syllable, so a needle's value is found by such a head.
 
-Making rows (generating the examples, encoding them) costs a CPU core about 0.1 s per 10 k
+Making rows (generating the examples, encoding them) costs a CPU core 0.06–0.1 s per 10 k
 tokens, more than a GPU's step of these tiny models. ``--data-workers N`` makes the batches
 ahead in N processes (:class:`Prefetch`); each step's rows are then seeded by the step
 (:meth:`Rows.rows_at`), so they are the same for any N, and a curriculum growth reaches the
@@ -46,6 +46,7 @@ prompt cut to its last 25 % (the check that the model uses its context); all of 
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import hashlib
 import json
@@ -252,6 +253,27 @@ def _encode(tok, text: str) -> list[int]:
     return list(tok.encode(text, add_special_tokens=False)) if text else []
 
 
+class RowEncoder:
+    """A BPE tokenizer's ``encode`` for making rows: the Rust tokenizer called directly (the
+    same ids as ``tok.encode(text, add_special_tokens=False)``, without the Python wrapper), the
+    ids of the last 4,096 texts kept: a prompt encoded while the generator fitted it to its
+    length is not encoded again for its row, nor a noise sentence for each example."""
+
+    def __init__(self, tok):
+        self.backend, self.kept = tok.backend_tokenizer, collections.OrderedDict()
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        if add_special_tokens:
+            raise ValueError("add_special_tokens: rows carry none")
+        ids = self.kept.get(text)
+        if ids is None:
+            ids = self.backend.encode(text, add_special_tokens=False).ids
+            self.kept[text] = ids
+            if len(self.kept) > 4096:
+                self.kept.popitem(last=False)
+        return ids
+
+
 def build_model(a, vocab_size: int = 256):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -335,6 +357,7 @@ class Rows:
         self.rng = random.Random(f"train_long_tasks:{a.seed}" + (f":round{a.round}" if a.round else ""))
         self.a, self.index = a, a.round * 10_000_000
         self.tok = tok or lt.ByteTokenizer()
+        self.enc = RowEncoder(self.tok) if hasattr(self.tok, "backend_tokenizer") else self.tok
         self.files = lt.code_files("train", a.code_packages) if a.text_share or "code" in a.tasks else []
         self.texts: dict[str, str] = {}
 
@@ -347,7 +370,7 @@ class Rows:
                 if self.a.tokenizer == "bytes":
                     ids = list(raw[s:s + length])
                 else:  # a BPE token is at most a few bytes: 16 bytes a token is plenty
-                    ids = _encode(self.tok, raw[s:s + 16 * length].decode())[:length]
+                    ids = _encode(self.enc, raw[s:s + 16 * length].decode())[:length]
                     if len(ids) < length:
                         continue
                 return ids, ids
@@ -366,8 +389,8 @@ class Rows:
         kw = {"code_packages": self.a.code_packages} if task == "code" else {}
         scale = self.rng.random() ** 2 if scale is None else scale
         ex = fitted_example(task, length, self.index, self.a.seed, scale=scale,
-                            tokenizer=_measure(self.a, self.tok), **kw)
-        enc = functools.partial(_encode, self.tok)
+                            tokenizer=_measure(self.a, self.enc), **kw)
+        enc = functools.partial(_encode, self.enc)
         ids = enc(ex.head)
         labels = [-100] * len(ids)
         extra = extra_questions(ex, self.rng, self.a.questions - 1)

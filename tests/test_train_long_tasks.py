@@ -338,3 +338,20 @@ def test_a_run_with_data_workers_trains_and_leaves_no_process(tl, tmp_path):
     assert any(e.get("steps_done") == 3 for e in log)
     with pytest.raises(SystemExit):
         tl.parse(["--out", "unused", "--data-workers", "-1"])
+
+
+def test_the_row_encoder_gives_the_tokenizers_ids_and_the_same_rows(tl):
+    a = tl.parse(["--out", "unused", "--tasks", "multikey,vartrack,freqwords", "--text-share", "0.2",
+                  "--tokenizer", "bpe:4096", "--syllable-tokens", "--syllable-is", "--digits-per-token", "3",
+                  "--min-length", "64", "--batch", "6", "--repeat-share", "0.2", "--questions", "3"])
+    tok = tl.build_tokenizer(a)
+    enc = tl.RowEncoder(tok)
+    ex = tl.fitted_example("multikey", 300, 0, 0, tokenizer=tok)
+    for text in (ex.head, ex.tail, ex.head, ex.head[:-9], ex.head + " 51234\n", " 51234\n",
+                 "The magic number for bagudi is"):
+        assert enc.encode(text) == tok.encode(text, add_special_tokens=False)
+    tops = {"multikey": 200, "vartrack": 300, "freqwords": 300}
+    fast, plain = tl.Rows(a, tok), tl.Rows(a, tok)
+    plain.enc = tok  # the tokenizer itself, through its Python wrapper
+    assert isinstance(fast.enc, tl.RowEncoder)
+    assert fast.rows_at(2, tops) == plain.rows_at(2, tops)
