@@ -30,32 +30,31 @@ from attnprune.research.data import long_tasks as lt
 from attnprune.runs.results import atomic_write_text
 
 
+def _inside(text: str, offsets: list[tuple[int, int]], a: int, b: int) -> list[int]:
+    """Positions of the tokens that overlap characters [a, b) of ``text`` (blanks aside)."""
+    return [j for j, (s, e) in enumerate(offsets) if s < b and e > a and text[s:e].strip()]
+
+
+def _value_at(text: str, offsets: list[tuple[int, int]], v: str) -> list[int]:
+    """Positions of the tokens of the needle value ``v``."""
+    s = text.index(f" is {v}.") + 4
+    return _inside(text, offsets, s, s + len(v))
+
+
 def spans(ex: lt.LongExample, offsets: list[tuple[int, int]]) -> dict[str, list[int]]:
     """Token positions (from the tokenizer's character ``offsets`` of ``ex.prompt``) of the
     asked needle's value, the other needles' values and the asked key in the asked needle."""
     text, key = ex.prompt, ex.question.rsplit(" ", 1)[1][:-1]
-
-    def inside(a: int, b: int) -> list[int]:
-        return [j for j, (s, e) in enumerate(offsets) if s < b and e > a and text[s:e].strip()]
-
-    def value_at(v: str) -> list[int]:
-        s = text.index(f" is {v}.") + 4
-        return inside(s, s + len(v))
-
     k = text.index(f"for {key} is {ex.answers[0]}.") + 4
-    return {"asked value": value_at(ex.answers[0]),
-            "other values": [j for d in ex.distractors for j in value_at(d)],
-            "asked key": inside(k, k + len(key))}
+    return {"asked value": _value_at(text, offsets, ex.answers[0]),
+            "other values": [j for d in ex.distractors for j in _value_at(text, offsets, d)],
+            "asked key": _inside(text, offsets, k, k + len(key))}
 
 
 def shared_cue(ex: lt.LongExample, ids: list[int], offsets: list[tuple[int, int]]) -> bool:
     """Whether the token before the asked needle's value also stands before another needle's."""
-    text = ex.prompt
-
     def before(v: str) -> int:
-        s = text.index(f" is {v}.") + 4  # the value's first character
-        first = min(j for j, (a, b) in enumerate(offsets) if a < s + len(v) and b > s and text[a:b].strip())
-        return ids[first - 1]
+        return ids[_value_at(ex.prompt, offsets, v)[0] - 1]
     return before(ex.answers[0]) in {before(d) for d in ex.distractors}
 
 

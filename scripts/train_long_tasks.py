@@ -28,7 +28,7 @@ Making rows (generating the examples, encoding them) costs a CPU core 0.06–0.1
 tokens, more than a GPU's step of these tiny models. ``--data-workers N`` makes the batches
 ahead in N processes (:class:`Prefetch`); each step's rows are then seeded by the step
 (:meth:`Rows.rows_at`), so they are the same for any N, and a curriculum growth reaches the
-rows 2·N steps late (the batches already asked for keep the old tops).
+rows 2·N − 1 steps late (the batches already asked for keep the old tops).
 
 The top length grows from ``--min-length`` to ``--length`` either with time (over the first
 half of the run) or, with ``--grow-at A``, by mastery: each task has its own top, which grows
