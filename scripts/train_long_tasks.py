@@ -72,7 +72,9 @@ def parse(argv):
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--max-minutes", type=float, default=4.0, help="training deadline (evaluation after it)")
     p.add_argument("--length", type=int, default=1024, help="the longest prompt (bytes); evaluated there")
-    p.add_argument("--min-length", type=int, default=384)
+    p.add_argument("--min-length", type=int, default=None,
+                   help="the shortest prompt drawn, and where the curriculum starts (default: the --init run's, "
+                        "else 384; at most --length)")
     p.add_argument("--tasks", default=",".join(lt.TASKS))
     p.add_argument("--text-share", type=float, default=0.25)
     p.add_argument("--layers", type=int, default=4)
@@ -135,7 +137,7 @@ def parse(argv):
                         "(the shape options and --tokenizer are then taken from it)")
     a = p.parse_args(argv)
     a.tasks = tuple(t for t in a.tasks.split(",") if t)
-    a.start_tops, a.round = {}, 0
+    a.start_tops, a.round, prev = {}, 0, None
     if a.init:
         try:
             prev = json.loads((Path(a.init) / "train.json").read_text())
@@ -144,6 +146,9 @@ def parse(argv):
         for k in ("tokenizer", "syllable_tokens", "syllable_is", "digits_per_token", "layers", "width", "heads",
                   "kv_heads", "ffn"):
             setattr(a, k, prev["args"].get(k, getattr(a, k)))
+    if a.min_length is None:
+        a.min_length = min(a.length, (prev["args"].get("min_length") if prev else None) or 384)
+    if prev:
         reached = next((e["tops_reached"] for e in reversed(prev["log"]) if "tops_reached" in e), {})
         a.start_tops = {t: min(a.length, max(a.min_length, int(v))) for t, v in reached.items()}
         a.round = prev["args"].get("round", 0) + 1  # new training examples, not the first run's again

@@ -228,6 +228,11 @@ def test_init_goes_on_from_a_saved_run_with_its_tokenizer_and_curriculum(tl, tmp
     assert rec["log"][-1]["steps_done"] == 0 and set(rec["validation_accuracy"]["multikey"]) >= {"full", "last 25 %"}
     with pytest.raises(SystemExit):
         tl.parse(["--out", "x", "--steps", "0"])  # nothing to evaluate
+    # --min-length: the --init run's (128), at most --length; without --init 384, at most --length
+    assert tl.parse(["--out", "x", "--init", str(first)]).min_length == 128
+    assert tl.parse(["--out", "x", "--init", str(first), "--length", "100", "--steps", "0"]).min_length == 100
+    assert tl.parse(["--out", "x", "--init", str(first), "--min-length", "64"]).min_length == 64
+    assert tl.parse(["--out", "x"]).min_length == 384 and tl.parse(["--out", "x", "--length", "200"]).min_length == 200
 
 
 def test_hard_rows_are_what_the_quick_check_asks(tl):
