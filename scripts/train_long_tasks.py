@@ -23,6 +23,8 @@ adds W times the mean loss on every other token of a task row (:func:`weighted_l
 ``--repeat-share`` of the rows are a random token sequence written twice (:meth:`Rows.repeat`),
 the data on which induction heads form; ``--syllable-is`` makes "KEY is" end in one token
 that names the key's last syllable, so a needle's value is found by such a head.
+``--spread-share`` gives a share of rows randomized positions (:func:`spread_positions`): a
+short row's position ids spread over [0, ``--length``), so it shows the distances of a long one.
 
 Making rows (generating the examples, encoding them) costs a CPU core 0.06–0.1 s per 10 k
 tokens, more than a GPU's step of these tiny models. ``--data-workers N`` makes the batches
@@ -128,6 +130,10 @@ def parse(argv):
                    help="share of task rows at the task's current top length with its full counts "
                         "(as the quick checks ask; the others: a length in [--min-length, top] and "
                         "counts drawn small)")
+    p.add_argument("--spread-share", type=float, default=0.0,
+                   help="share of rows whose position ids are a sorted random subset of [0, --length) "
+                        "instead of 0, 1, 2, … (randomized positions, Ruoss et al. 2023): short rows then "
+                        "show the model the distances of --length-token prompts")
     p.add_argument("--data-workers", type=int, default=0,
                    help="> 0: the training batches are made ahead in this many processes (a GPU's steps "
                         "outrun one core making rows); each step's rows are then seeded by its step")
@@ -156,6 +162,8 @@ def parse(argv):
     for t in a.tasks:
         if t not in lt.TASKS:
             p.error(f"--tasks: each one of {', '.join(lt.TASKS)}, got {t!r}")
+    if not 0.0 <= a.spread_share <= 1.0:
+        p.error(f"--spread-share: in [0, 1], got {a.spread_share}")
     if not 0.0 <= a.hard_share <= 1.0:
         p.error(f"--hard-share: in [0, 1], got {a.hard_share}")
     if a.prompt_loss < 0:
@@ -548,13 +556,15 @@ def _train(a, model, tok, device, log, batch):
         lr = a.lr * rise * 0.5 * (1 + math.cos(math.pi * min(decay, 1.0)))
         for g in opt.param_groups:
             g["lr"] = lr
-        ids, labels, mask = (t.to(device) for t in batch(step, tops))
+        ids, labels, mask = batch(step, tops)
+        pos = spread_positions(mask, a.length, a.spread_share, f"{a.seed}:round{a.round}:step{step}")
+        ids, labels, mask, pos = (None if t is None else t.to(device) for t in (ids, labels, mask, pos))
         with torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else _null():
             if a.prompt_loss:
-                loss = weighted_loss(model(input_ids=ids, attention_mask=mask).logits, ids, labels, mask,
-                                     a.prompt_loss)
+                loss = weighted_loss(model(input_ids=ids, attention_mask=mask, position_ids=pos).logits, ids,
+                                     labels, mask, a.prompt_loss)
             else:
-                loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+                loss = model(input_ids=ids, attention_mask=mask, position_ids=pos, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -587,6 +597,23 @@ def _train(a, model, tok, device, log, batch):
             print(json.dumps(rec), flush=True)
     log.append({"steps_done": done, "train_s": round(time.perf_counter() - t0, 1), "tops_reached": tops,
                 "curriculum_done_at": reached})
+
+
+def spread_positions(mask: torch.Tensor, length: int, share: float, key: str) -> torch.Tensor | None:
+    """``--spread-share``: position ids (B, n) where each row, with probability ``share``, takes a
+    sorted random subset of [0, ``length``) for its real tokens (``mask``) instead of 0 … n − 1,
+    so that a short row spans the distances of a ``length``-token prompt (rotary positions see
+    only differences). Seeded by ``key`` (seed, round, step): the same for any --data-workers.
+    None when ``share`` is 0 (the model's own 0 … n − 1)."""
+    if not share:
+        return None
+    gen = torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little"))
+    b, n = mask.shape
+    pos = torch.arange(n).repeat(b, 1)
+    for i, real in enumerate(mask.sum(1).tolist()):
+        if torch.rand((), generator=gen) < share and real < length:
+            pos[i, :real] = torch.randperm(length, generator=gen)[:real].sort().values
+    return pos
 
 
 def weighted_loss(logits, ids, labels, mask, w: float) -> torch.Tensor:

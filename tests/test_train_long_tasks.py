@@ -360,3 +360,38 @@ def test_the_row_encoder_gives_the_tokenizers_ids_and_the_same_rows(tl):
     plain.enc = tok  # the tokenizer itself, through its Python wrapper
     assert isinstance(fast.enc, tl.RowEncoder)
     assert fast.rows_at(2, tops) == plain.rows_at(2, tops)
+
+
+def test_spread_positions_span_the_long_prompt_and_repeat_by_key(tl):
+    mask = torch.zeros(64, 50, dtype=torch.long)
+    for i in range(64):
+        mask[i, :20 + i % 30] = 1
+    assert tl.spread_positions(mask, 1024, 0.0, "k") is None  # the model's own positions
+    pos = tl.spread_positions(mask, 1024, 0.5, "k")
+    assert torch.equal(pos, tl.spread_positions(mask, 1024, 0.5, "k"))  # seeded by the key
+    assert not torch.equal(pos, tl.spread_positions(mask, 1024, 0.5, "other"))
+    spread = 0
+    for i in range(64):
+        real = int(mask[i].sum())
+        p = pos[i, :real]
+        assert bool((p[1:] > p[:-1]).all()) and 0 <= int(p[0]) and int(p[-1]) < 1024  # ordered, in range
+        if torch.equal(p, torch.arange(real)):
+            continue
+        spread += 1
+        assert int(p[-1] - p[0]) >= 2 * real  # a 20–50-token row spans far more than its length
+    assert 16 <= spread <= 48  # about half the rows
+    assert torch.equal(tl.spread_positions(mask, 30, 1.0, "k")[40], torch.arange(50))  # not shorter than --length: as is
+    with pytest.raises(SystemExit):
+        tl.parse(["--out", "unused", "--spread-share", "1.5"])
+
+
+def test_training_with_spread_positions_runs_and_differs(tl, tmp_path):
+    from safetensors.torch import load_file
+
+    tiny = ["--device", "cpu", "--threads", "1", "--tasks", "multikey", "--text-share", "0", "--length", "200",
+            "--min-length", "128", "--batch", "2", "--steps", "2", "--eval-n", "1", "--layers", "1", "--width", "32",
+            "--heads", "2", "--kv-heads", "1", "--ffn", "64"]
+    assert tl.main(["--out", str(tmp_path / "a"), *tiny]) == 0
+    assert tl.main(["--out", str(tmp_path / "b"), "--spread-share", "1", *tiny]) == 0
+    a, b = (load_file(tmp_path / d / "model" / "model.safetensors") for d in "ab")
+    assert any(not torch.equal(a[k], b[k]) for k in a)  # the positions reached the model
