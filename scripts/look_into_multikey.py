@@ -9,7 +9,8 @@ Per prompt, too: whether the most probable first token is right, and whether the
 before the asked value (with ``--syllable-is``: the asked key's last syllable and " is") also
 stands before another needle's value. A model that matches only that one token (a plain
 induction head) cannot tell such prompts apart from their twins; its right answers on them are
-at most about half.
+at most about half. Teacher-forced, each answer token's accuracy after the right ones before
+it, and how many wrong later tokens (the value's second chunk on) are another needle's.
 
     python scripts/look_into_multikey.py --model DIR/model --length 80 [--n 32] [--seed 0] [--out F]
 
@@ -66,16 +67,24 @@ def look(model, tok, examples) -> dict:
         enc = tok(ex.prompt, add_special_tokens=False, return_offsets_mapping=True)
         where = spans(ex, enc["offset_mapping"])
         shared = shared_cue(ex, enc["input_ids"], enc["offset_mapping"])
+        answer = tok.encode(" " + ex.answers[0], add_special_tokens=False)
+        last = len(enc["input_ids"]) - 1  # the prompt's last position (causal: the answer after it changes nothing there)
         with torch.no_grad():
-            out = model(torch.tensor([enc["input_ids"]]), output_attentions=True)
-        probs = out.logits[0, -1].float().softmax(-1)
+            out = model(torch.tensor([enc["input_ids"] + answer]), output_attentions=True)
+        probs = out.logits[0, last].float().softmax(-1)
         first = {tok.encode(" " + v, add_special_tokens=False)[0] for v in ex.answers}
         others = {tok.encode(" " + v, add_special_tokens=False)[0] for v in ex.distractors} - first
         p_right.append(sum(probs[i].item() for i in first))
         p_other.append(sum(probs[i].item() for i in others))
+        # teacher-forced: each answer token's argmax after the right ones before it, and whether a
+        # wrong later token is one of another needle's value tokens
+        picked = out.logits[0, last:last + len(answer)].argmax(-1).tolist()
+        theirs = {t for d in ex.distractors for t in tok.encode(" " + d, add_special_tokens=False)[1:]}
         prompts.append({"index": ex.meta.get("index"), "right_first_token": int(probs.argmax()) in first,
-                        "shared_cue": shared})
-        mass.append([[{name: a[0, h, -1, pos].sum().item() for name, pos in where.items()}
+                        "shared_cue": shared, "answer_tokens_right": [x == y for x, y in zip(picked, answer)],
+                        "wrong_later_tokens_from_another_value": [x in theirs for x, y in
+                                                                  zip(picked[1:], answer[1:]) if x != y]})
+        mass.append([[{name: a[0, h, last, pos].sum().item() for name, pos in where.items()}
                       for h in range(a.shape[1])] for a in out.attentions])
     layers = [[{name: statistics.fmean(m[li][h][name] for m in mass) for name in mass[0][li][h]}
                for h in range(len(mass[0][li]))] for li in range(len(mass[0]))]
@@ -83,7 +92,14 @@ def look(model, tok, examples) -> dict:
     for name, want in (("shared cue", True), ("own cue", False)):
         group = [r["right_first_token"] for r in prompts if r["shared_cue"] == want]
         by_cue[name] = {"n": len(group), "right_first_token": statistics.fmean(group) if group else None}
-    return {"n": len(examples), "p_right_first_token": statistics.fmean(p_right),
+    width = max(len(r["answer_tokens_right"]) for r in prompts)
+    by_token = [statistics.fmean(r["answer_tokens_right"][t] for r in prompts if len(r["answer_tokens_right"]) > t)
+                for t in range(width)]
+    borrowed = [x for r in prompts for x in r["wrong_later_tokens_from_another_value"]]
+    return {"n": len(examples), "answer_token_right": by_token,
+            "wrong_later_tokens": {"n": len(borrowed),
+                                   "from_another_value": statistics.fmean(borrowed) if borrowed else None},
+            "p_right_first_token": statistics.fmean(p_right),
             "p_other_first_tokens": statistics.fmean(p_other), "by_cue": by_cue, "prompts": prompts,
             "attention": layers}
 
@@ -115,6 +131,11 @@ def main(argv=None) -> int:
         acc = "—" if g["right_first_token"] is None else f"{g['right_first_token']:.3f}"
         print(f"most probable first token right, prompts whose asked value's previous token is "
               f"{'shared with another needle' if name == 'shared cue' else 'its own'}: {acc} of {g['n']}")
+    print("answer token right, teacher-forced: " + ", ".join(
+        f"token {t + 1} {v:.3f}" for t, v in enumerate(res["answer_token_right"])))
+    w = res["wrong_later_tokens"]
+    if w["n"]:
+        print(f"wrong later answer tokens: {w['n']}, of which another needle's value token: {w['from_another_value']:.3f}")
     print("layer head  attention of the last position on: asked value  other values  asked key")
     for li, heads in enumerate(res["attention"]):
         for h, m in enumerate(heads):

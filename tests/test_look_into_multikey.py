@@ -72,3 +72,31 @@ def test_a_shared_cue_is_a_key_ending_like_another_needles_key():
         assert look.shared_cue(ex, enc["input_ids"], enc["offset_mapping"]) == want, i
         seen.add(want)
     assert seen == {True, False}  # both kinds among the prompts
+
+
+def test_answer_tokens_are_read_teacher_forced_at_the_right_positions(setup):
+    """A stand-in model that writes the answer right but its second token, which it takes from
+    another needle's value: token 2 wrong and borrowed, every other token right."""
+    from types import SimpleNamespace
+
+    import torch
+
+    look, tok, model, exs = setup
+
+    def scripted(ids, output_attentions=True):
+        answer = tok.encode(" " + ex.answers[0], add_special_tokens=False)
+        other = tok.encode(" " + ex.distractors[0], add_special_tokens=False)
+        last = ids.shape[1] - len(answer) - 1
+        logits = torch.zeros(1, ids.shape[1], len(tok))
+        for t, want in enumerate(answer):
+            logits[0, last + t, want] = 1.0
+        logits[0, last + 1, answer[1]] = 0.0
+        logits[0, last + 1, next(x for x in other[1:] if x != answer[1])] = 1.0
+        return SimpleNamespace(logits=logits, attentions=model(ids, output_attentions=True).attentions)
+
+    for ex in exs:
+        n = len(tok.encode(" " + ex.answers[0], add_special_tokens=False))
+        res = look.look(scripted, tok, [ex])
+        assert res["answer_token_right"] == [1.0, 0.0] + [1.0] * (n - 2)
+        assert res["wrong_later_tokens"] == {"n": 1, "from_another_value": 1.0}
+        assert res["prompts"][0]["right_first_token"]
