@@ -72,14 +72,15 @@ def look(model, tok, examples) -> dict:
         with torch.no_grad():
             out = model(torch.tensor([enc["input_ids"] + answer]), output_attentions=True)
         probs = out.logits[0, last].float().softmax(-1)
+        theirs_ids = [tok.encode(" " + d, add_special_tokens=False) for d in ex.distractors]
         first = {tok.encode(" " + v, add_special_tokens=False)[0] for v in ex.answers}
-        others = {tok.encode(" " + v, add_special_tokens=False)[0] for v in ex.distractors} - first
+        others = {ids[0] for ids in theirs_ids} - first
         p_right.append(sum(probs[i].item() for i in first))
         p_other.append(sum(probs[i].item() for i in others))
         # teacher-forced: each answer token's argmax after the right ones before it, and whether a
         # wrong later token is one of another needle's value tokens
         picked = out.logits[0, last:last + len(answer)].argmax(-1).tolist()
-        theirs = {t for d in ex.distractors for t in tok.encode(" " + d, add_special_tokens=False)[1:]}
+        theirs = {t for ids in theirs_ids for t in ids[1:]}
         prompts.append({"index": ex.meta.get("index"), "right_first_token": int(probs.argmax()) in first,
                         "shared_cue": shared, "answer_tokens_right": [x == y for x, y in zip(picked, answer)],
                         "wrong_later_tokens_from_another_value": [x in theirs for x, y in
