@@ -31,6 +31,8 @@ __all__ = [
     "gather_tokens",
     "group_overhead_slots",
     "gumbel_sigmoid",
+    "key_metric",
+    "merge_tokens",
     "row_groups",
     "scatter_tokens",
     "threshold_keep",
@@ -197,6 +199,53 @@ def scatter_tokens(full: Tensor, short: Tensor, index: Tensor, mask: Tensor) -> 
     dest = torch.where(mask, index + L * torch.arange(B, device=index.device)[:, None], B * L)
     buf.index_copy_(0, dest.reshape(-1), short.reshape(B * K, *short.shape[2:]).to(buf.dtype))
     return buf[: B * L].view(full.shape)
+
+
+def key_metric(keys: Tensor, n_heads: int | None = None) -> Tensor:
+    """(B, L, H·dh) keys → (B, L, dh) unit vectors in float32: the keys averaged over heads
+    (ToMe's similarity metric), normalised. ``n_heads`` None: the vectors as they are,
+    normalised."""
+    k = keys.float()
+    if n_heads and k.shape[-1] % n_heads == 0:
+        k = k.view(*k.shape[:-1], n_heads, -1).mean(-2)
+    return torch.nn.functional.normalize(k, dim=-1)
+
+
+def merge_tokens(hidden: Tensor, mask: Tensor, keep: Tensor, metric: Tensor,
+                 size: Tensor | None = None, protect: Tensor | None = None,
+                 into: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Average every real unkept token into a kept one, weighted by sizes (ToMe's merge).
+
+    ``hidden`` (b, K, d), ``mask`` (b, K) real slots, ``keep`` (b, K) the slots that stay,
+    ``metric`` (b, K, m) unit vectors (cosine similarity), ``size`` (b, K) how many originals
+    each slot stands for (None: 1), ``protect`` (b, K) slots that keep their own state (CLS,
+    separators: never a destination, unless a row keeps nothing else), ``into`` (b, K) a
+    destination slot per token chosen by the method (ToMe's match; used where it is kept and
+    not protected). Every other unkept token goes to its most similar allowed kept slot.
+
+    Returns (hidden, size, dest): the kept slots hold x_j' = Σ_{i→j} s_i x_i / Σ_{i→j} s_i
+    (the sum in float32), sizes s_j' = Σ_{i→j} s_i, and ``dest`` (b, K) each slot's
+    destination (itself where kept). Σ_j s_j' x_j' = Σ_i s_i x_i: a size-weighted mean over
+    the kept slots equals the mean over the originals. Fixed shapes, no read-back."""
+    b, K, d = hidden.shape
+    slot = torch.arange(K, device=hidden.device).expand(b, K)
+    keep = keep & mask
+    allowed = keep if protect is None else keep & ~protect
+    allowed = allowed | (keep & ~allowed.any(1, keepdim=True))  # (b, K) destinations
+    sim = metric.float() @ metric.float().transpose(1, 2)  # (b, K, K)
+    sim = sim.masked_fill(~allowed[:, None, :], float("-inf"))
+    dest = sim.argmax(-1)  # (b, K)
+    if into is not None:
+        ok = torch.gather(allowed, 1, into.clamp(0, K - 1))
+        dest = torch.where(ok, into, dest)
+    dest = torch.where(keep | ~mask, slot, dest)  # kept and padding slots stay where they are
+    w = mask.float() if size is None else size.float() * mask
+    acc = torch.zeros(b, K, d, dtype=torch.float32, device=hidden.device)
+    acc.scatter_add_(1, dest[..., None].expand(b, K, d), hidden.float() * w[..., None])
+    total = torch.zeros(b, K, dtype=torch.float32, device=hidden.device).scatter_add_(1, dest, w)
+    merged = acc / total.clamp_min(1e-12)[..., None]
+    out = torch.where(keep[..., None], merged.to(hidden.dtype), hidden)
+    return out, total, dest
 
 
 def entropy(probs: Tensor, dim: int = -1, eps: float = 1e-12) -> Tensor:

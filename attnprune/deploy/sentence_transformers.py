@@ -27,6 +27,18 @@ forward on the same features (the cached losses re-embed them) sees the real pad
   rows; positions are then compact ones, so ``weightedmean`` and ``include_prompt=False``
   are refused with it.
 
+Merging (``reduce="merge"``, the default of ``tome``): every unkept token is averaged into a
+kept one, and with ``output="scatter"`` each position holds its representative's final state
+(:attr:`~attnprune.hosts.hf_encoder.HFEncoderState.source`). Pooling then reads the caller's
+own mask over every real position: a mean over positions is the mean over the kept tokens
+weighted by how many originals each stands for (sizes); CLS and the last token (separators)
+are never merged into, so cls / lasttoken pooling read their own states; per-token outputs
+(``output_value="token_embeddings"``) are served, each position its representative's state.
+Rows with fewer than ``min_tokens`` real tokens are not reduced (default
+:data:`~attnprune.hosts.hf_encoder.MERGE_MIN_TOKENS` when merging, 0 when dropping), and
+``reduce_queries=False`` runs every ``encode_query`` (``task="query"``) through the stock
+encoder: documents reduced, queries whole. ``output="short"`` is refused with merging.
+
 Refused, with the reason: per-token outputs (``encode(output_value="token_embeddings")`` or
 ``None``: the dropped tokens' states are stale), modules other than Pooling / Dense /
 Normalize / LayerNorm / Dropout after the Transformer (they may read tokens), no Pooling,
@@ -53,6 +65,7 @@ import torch
 from torch import Tensor, nn
 
 from attnprune.hosts import MODEL_STATE_ATTR, PatchState, find_host
+from attnprune.hosts.hf_encoder import MERGE_MIN_TOKENS, stock_calls
 
 __all__ = ["SentenceTransformerState", "is_sentence_transformers_model",
            "patch_sentence_transformer"]
@@ -82,7 +95,7 @@ class SentenceTransformerState(PatchState):
     read and set there."""
 
     _OWN = frozenset({"inner", "transformer", "poolings", "encode_index", "requested",
-                      "options", "kind"})
+                      "options", "kind", "reduce_queries"})
 
     def __init__(self, inner: PatchState, transformer: nn.Module, poolings: list[nn.Module],
                  encode_index: int | None) -> None:
@@ -91,6 +104,7 @@ class SentenceTransformerState(PatchState):
         d["inner"], d["transformer"], d["poolings"] = inner, transformer, poolings
         d["encode_index"] = encode_index  # output_value's position in encode(), None: none
         d["requested"], d["options"], d["kind"] = inner.requested, inner.options, inner.kind
+        d["reduce_queries"] = True  # False: encode_query runs the stock encoder
 
     def __getattr__(self, name: str):
         inner = self.__dict__.get("inner")
@@ -113,6 +127,10 @@ class SentenceTransformerState(PatchState):
         return bool(getattr(inner, "enabled", False)) and any(
             r < 1.0 for r in getattr(inner, "schedule", ()))
 
+    def merges(self) -> bool:
+        """Whether forwards merge the tokens they do not keep (``reduce="merge"``)."""
+        return getattr(self.inner, "reduce", "drop") == "merge"
+
     def pooling_mask(self, features: dict, pooling: nn.Module) -> Tensor | None:
         """The mask ``pooling`` must read for this forward: the kept mask (B, L), or for
         ``output="short"`` the compact rows' mask (B, K); None when the encoder ran stock
@@ -121,6 +139,10 @@ class SentenceTransformerState(PatchState):
         kept = getattr(inner, "kept_mask", None)
         tokens = features.get("token_embeddings")
         if kept is None or not isinstance(tokens, Tensor):
+            return None
+        if getattr(inner, "sizes", None) is not None:
+            # merged: every real position holds its representative's state, so the caller's
+            # mask over all positions is the size-weighted pooling over the kept tokens
             return None
         given = features.get("attention_mask")
         if getattr(inner, "output", "scatter") == "short":
@@ -192,7 +214,10 @@ def _encode(state: SentenceTransformerState, original, *args, **kwargs):
     value = kwargs.get("output_value", "sentence_embedding")
     if state.encode_index is not None and len(args) > state.encode_index:
         value = args[state.encode_index]
-    if value != "sentence_embedding" and state.prunes():
+    if not state.reduce_queries and kwargs.get("task") == "query":
+        with stock_calls():  # documents reduced, queries whole
+            return original(*args, **kwargs)
+    if value != "sentence_embedding" and state.prunes() and not state.merges():
         raise ValueError(
             f"output_value={value!r}: a token-pruned SentenceTransformer returns sentence "
             f"embeddings only; its dropped tokens hold the states of the layer that dropped "
@@ -268,6 +293,20 @@ def patch_sentence_transformer(model: nn.Module, spec, **options) -> SentenceTra
         raise ValueError(f"model: its encoder {type(encoder).__name__} is served by the "
                          f"{host.name} host, which has no kept-token mask for pooling; "
                          f"token methods on a SentenceTransformer need a BERT-like encoder")
+    reduce_queries = options.pop("reduce_queries", True)
+    if not isinstance(reduce_queries, bool):
+        raise ValueError(f"reduce_queries must be True or False, got {reduce_queries!r}")  # noqa: TRY004 (patch() contract: ValueError)
+    if spec.kind != "token" and not reduce_queries:
+        raise ValueError("reduce_queries: only token methods reduce tokens; attention methods "
+                         "leave every query whole already")
+    merging = spec.kind == "token" and (
+        options.get("reduce") or getattr(spec.cls, "default_reduce", "drop")) == "merge"
+    if merging:
+        options.setdefault("min_tokens", MERGE_MIN_TOKENS)
+        if options.get("output") == "short":
+            raise ValueError("output='short': a merging SentenceTransformer pools every "
+                             "position through its representative (the source map), which "
+                             "the compact rows lack; use output='scatter' (the default)")
     if spec.kind == "token" and options.get("output") == "short":
         for pooling in poolings:
             _check_short(pooling)
@@ -280,6 +319,9 @@ def patch_sentence_transformer(model: nn.Module, spec, **options) -> SentenceTra
     object.__setattr__(encoder, MODEL_STATE_ATTR, inner)
     state = SentenceTransformerState(inner, transformer, poolings,
                                      _output_value_index(model) if poolings else None)
+    state.reduce_queries = reduce_queries
+    if not reduce_queries:
+        inner.options["reduce_queries"] = False  # recorded by save_pretrained
     for pooling in poolings:  # instance attributes: no class is touched, deep copies follow
         pooling.forward = partial(_pooling_forward, state, pooling.forward)
     if poolings:

@@ -106,6 +106,8 @@ of a batch whose lengths change between its layers.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import threading
 import time
@@ -139,17 +141,35 @@ from attnprune.selection import (
     check_keep_ratio,
     gather_tokens,
     group_overhead_slots,
+    key_metric,
+    merge_tokens,
     row_groups,
     scatter_tokens,
 )
 
-__all__ = ["GROUP_OVERHEAD_PER_THREAD", "GROUP_OVERHEAD_TOKENS", "HFEncoderState", "LazyStats",
-           "group_overhead_tokens", "parse_schedule", "patch_hf_encoder", "sync_free"]
+__all__ = [
+    "GROUP_OVERHEAD_PER_THREAD",
+    "GROUP_OVERHEAD_TOKENS",
+    "MERGE_MIN_TOKENS",
+    "REDUCE",
+    "HFEncoderState",
+    "LazyStats",
+    "group_overhead_tokens",
+    "parse_schedule",
+    "patch_hf_encoder",
+    "stock_calls",
+    "sync_free",
+]
 
 # Deprecated (until 0.3): the old c per thread at MiniLM's width; unused, the measured model
 # selection.group_overhead_slots(d, block="encoder") replaced it.
 GROUP_OVERHEAD_PER_THREAD = 24
 SCORER_KERNELS = ("matmul", "sdpa")  # how the exact "received" scorer runs (patch_hf_encoder)
+REDUCE = ("drop", "merge")  # what happens to the tokens a selection does not keep
+# Rows with fewer real tokens than this stay whole in a SentenceTransformer that merges (its
+# min_tokens default): short texts lose most by any reduction (a 9-token query keeps 4 at
+# ρ = 0.5) and cost least.
+MERGE_MIN_TOKENS = 16
 GROUP_OVERHEAD_TOKENS: float | None = None  # a fixed c overrides the measured model (tests)
 
 
@@ -179,6 +199,9 @@ def parse_schedule(
       r = (1, …, 1, ρ, ρ, …).
     * ``schedule="geometric"``: prune by ρ after every layer from ``after_layer`` on:
       r = (1, …, 1, ρ, ρ², ρ³, …).
+    * ``schedule="linear"``: the same number of tokens after every layer from ``after_layer``
+      to the last but one, down to ρ (ToMe's constant r per layer): r falls by
+      (1 − ρ) / (n_layers − after_layer) a layer.
     * ``schedule`` or ``keep_ratio`` a list of per-layer cumulative ratios, length
       ``n_layers − 1`` or ``n_layers`` (the last value is then ignored).
 
@@ -212,9 +235,9 @@ def parse_schedule(
             keep_ratio = schedule
     else:
         rule = str(schedule).strip().lower()
-    if rule not in ("single", "geometric"):
-        raise ValueError(f"schedule: must be 'single', 'geometric' or a list of per-layer keep "
-                         f"ratios, got {schedule!r}")
+    if rule not in ("single", "geometric", "linear"):
+        raise ValueError(f"schedule: must be 'single', 'geometric', 'linear' or a list of "
+                         f"per-layer keep ratios, got {schedule!r}")
     rho = check_keep_ratio(1.0 if keep_ratio is None else keep_ratio)
     if isinstance(after_layer, bool) or not isinstance(after_layer, int):
         raise ValueError(f"after_layer must be an integer, got {after_layer!r}")  # noqa: TRY004 (patch() contract: ValueError)
@@ -228,9 +251,35 @@ def parse_schedule(
             out.append(1.0)
         elif rule == "single":
             out.append(rho)
+        elif rule == "linear":
+            steps = min(steps, n_layers - after_layer)
+            out.append(1.0 - (1.0 - rho) * steps / (n_layers - after_layer))
         else:
             out.append(rho ** min(steps, n_layers - after_layer))
     return tuple(out)
+
+
+# Set by :func:`stock_calls`: forwards in this context (thread, task) run the stock encoder.
+_STOCK: contextvars.ContextVar[bool] = contextvars.ContextVar("attnprune_stock", default=False)
+
+
+@contextlib.contextmanager
+def stock_calls():
+    """Inside this context every patched encoder forward of this thread (or asyncio task) runs
+    the stock encoder loop, without touching the shared patch (``enabled``), so other threads
+    serving the same model keep theirs: a SentenceTransformer's queries with
+    ``reduce_queries=False``."""
+    token = _STOCK.set(True)
+    try:
+        yield
+    finally:
+        _STOCK.reset(token)
+
+
+def _stock() -> bool:
+    """Whether :func:`stock_calls` is on here; never while compiling (dynamo cannot trace a
+    ContextVar read: a compiled graph is the patched forward, and stock_calls is eager-only)."""
+    return not torch.compiler.is_compiling() and _STOCK.get()
 
 
 # ----------------------------------------------------------------------------- model anatomy
@@ -312,6 +361,8 @@ class _Call(CallData):
     def __init__(self) -> None:
         super().__init__()
         self.kept_mask: Tensor | None = None  # (B, L): the positions the last layer computed
+        self.sizes: Tensor | None = None  # (B, L) merging: originals per kept position
+        self.source: Tensor | None = None  # (B, L) merging: each position's representative
         self.scorer_time_s = self.select_time_s = self.gather_time_s = 0.0
         self.release()
 
@@ -395,6 +446,18 @@ class HFEncoderState(PatchState):
         ``enabled = False``. The model's output carries the same tensor as ``.kept_mask``
         (a ``ModelOutput``; not with ``return_dict=False``). None before any forward.
         Per thread: two threads serving one model each read their own call's.""")
+
+    sizes = LastCall(
+        """(B, L) float32 of the last forward on this thread when merging (``reduce="merge"``):
+        at each kept position (``kept_mask``) how many original tokens it stands for (its own
+        and those merged into it), 0 elsewhere; a row sums to its real tokens. None when the
+        patch drops tokens. Also ``output.sizes``.""")
+    source = LastCall(
+        """(B, L) long of the last forward on this thread when merging: for every original
+        position the original position of its representative (the kept token it was merged
+        into, itself when kept, itself at padding). With ``output="scatter"`` the output at
+        position p is the representative's state, ``last_hidden_state[b, source[b, p]]``.
+        None when the patch drops tokens. Also ``output.source``.""")
 
     def set_rank_loss(self, loss: Callable[[Tensor, Tensor], Tensor] | None) -> None:
         """``loss(student (B, L), mask) -> Tensor`` for the calling thread's next forward
@@ -581,13 +644,14 @@ def sync_free(device: torch.device, override: bool | None = None) -> bool:
 PAIR_PROTECTED = 4
 
 
-def _fixed_width(width: int, rho: float) -> int:
-    """W = min(K, max(⌊ρ·K⌋, PAIR_PROTECTED)): the gather width of a fixed-ratio method from
+def _fixed_width(width: int, rho: float, floor: int = 0) -> int:
+    """W = min(K, max(⌊ρ·K⌋, PAIR_PROTECTED, min_tokens − 1)): the gather width of a fixed-ratio method from
     the padded width K alone (:func:`sync_free`). ⌊ρ·n_b⌋ ≤ ⌊ρ·K⌋ for every row (n_b ≤ K real
     tokens); at least 4 so a pair's CLS and separators fit (kept by every selection, however
-    small ⌊ρ·n_b⌋: the CPU path keeps them all); the 1e-9 is ``selection.budget``'s guard
+    small ⌊ρ·n_b⌋: the CPU path keeps them all); a row under the short-input floor
+    (``floor`` = ``min_tokens``) keeps its n_b ≤ floor − 1 tokens; the 1e-9 is ``selection.budget``'s guard
     against float error (0.7·10 = 6.999…)."""
-    return min(width, max(math.floor(width * rho + 1e-9), PAIR_PROTECTED))
+    return min(width, max(math.floor(width * rho + 1e-9), PAIR_PROTECTED, floor - 1))
 
 
 def _clock(run) -> float:
@@ -660,6 +724,8 @@ class _Pass:
     kept: list  # real tokens (soft mask sums in training) entering layer l, all groups
     padded: list  # token slots layer l computes, summed over groups
     length: int  # L, the input's width (the kept mask is (B, L))
+    merge: bool = False  # reduce="merge": unkept tokens are averaged into kept ones
+    floor: int = 0  # rows with fewer real tokens than this are never reduced (min_tokens)
     # tokens every selection must keep (protected) that a fixed sync-free width left out,
     # per pruning layer, as device counts (read with the stats, never during the forward)
     cut: list = field(default_factory=list)
@@ -694,7 +760,7 @@ def _pruned_forward(state: HFEncoderState, original, hidden_states, attention_ma
 def _run(state: HFEncoderState, call: _Call, original, hidden_states, attention_mask=None,
          *args, **kwargs):
     """The body of :func:`_pruned_forward` for one call."""
-    if not state.enabled:
+    if not state.enabled or _stock():
         return original(hidden_states, attention_mask, *args, **kwargs)
     if args or kwargs.get("encoder_hidden_states") is not None:
         raise ValueError("hf_encoder: cross-attention (encoder_hidden_states) is not supported")
@@ -712,20 +778,31 @@ def _run(state: HFEncoderState, call: _Call, original, hidden_states, attention_
     method = state.modules
     # Row bucketing at inference on the CPU path only: training keeps one padded batch (soft
     # masks, and losses over the batch); the sync-free path never reads counts back.
+    merge = getattr(state, "reduce", "drop") == "merge"
     run = _Pass(call=call, method=method, training=training,
                 rows=getattr(method, "attention_rows", "all"),
                 labels=call.labels if training else None, kwargs=kwargs,
                 bucket=state.bucket_rows and not training and not free, static=static,
                 sync_free=free, exporting=_exporting(),
-                kept=[0.0] * n, padded=[0] * n, length=L)
+                kept=[0.0] * n, padded=[0] * n, length=L, merge=merge,
+                floor=getattr(state, "min_tokens", 0))
     index = torch.arange(L, device=mask.device).expand(B, L)  # original positions
     full = hidden_states if state.output == "scatter" else None
     ids, token_types = call.inputs or (None, None)
     special = state.protect_tensor(mask.device) if ids is not None else None
     protect = protect_special(mask, ids, token_types, () if special is None else special)
-    hidden_states, _, kept_mask = _layers(state, run, 0, hidden_states, mask, attention_mask,
-                                          index, full, protect=protect)
+    # merging: every original position's current slot (−1 at padding), read at the end to
+    # give each position its representative's state (the source map)
+    tokens = _Tokens(
+        size=None,
+        src=torch.where(mask, index, torch.full((), -1, dtype=index.dtype, device=mask.device))
+        if merge else None,
+        whole=(mask.sum(1) < run.floor) if run.floor > 0 else None)
+    hidden_states, _, kept_mask, merged = _layers(state, run, 0, hidden_states, mask,
+                                                  attention_mask, index, full,
+                                                  protect=protect, tokens=tokens)
     call.kept_mask = kept_mask  # read by the caller (HFEncoderState.kept_mask, output.kept_mask)
+    call.sizes, call.source = merged if merged is not None else (None, None)
     if static:  # the counts are data: a traced graph has no place for them
         return state.output_cls(last_hidden_state=hidden_states)
     times = {
@@ -783,9 +860,29 @@ def _warn_cut(state: HFEncoderState, stats: dict) -> dict:
     return stats
 
 
+@dataclass
+class _Tokens:
+    """What rows carry through the loop besides their states, for merging and the short-input
+    floor (each None when unused): ``size`` (b, K) float32, how many original tokens each slot
+    stands for (None: all 1); ``src`` (b, L) long, each original position's current slot (−1
+    at padding); ``whole`` (b,) bool, rows never reduced (fewer real tokens than
+    ``min_tokens``)."""
+
+    size: Tensor | None = None
+    src: Tensor | None = None
+    whole: Tensor | None = None
+
+    def rows(self, rows: Tensor, k: int) -> _Tokens:
+        """The same for the rows ``rows`` cut to their first ``k`` slots (a row group)."""
+        return _Tokens(None if self.size is None else self.size[rows, :k],
+                       None if self.src is None else self.src[rows],
+                       None if self.whole is None else self.whole[rows])
+
+
 def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask: Tensor,
             mask4d, index: Tensor, full: Tensor | None, gathered: bool = False,
-            protect: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor]:
+            protect: Tensor | None = None, tokens: _Tokens | None = None
+            ) -> tuple[Tensor, Tensor | None, Tensor, tuple | None]:
     """Layers ``start``, ``start + 1``, … on b rows, in the host's output format.
 
     ``hidden`` (b, K, d) the tokens still present in ascending original order, ``mask``
@@ -793,27 +890,33 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
     their original positions, ``full`` (b, L, d) every token's state so far (dropped tokens'
     last states; None for ``output="short"``), ``gathered`` whether a gather already happened,
     ``protect`` (b, K) the tokens every selection keeps (CLS and separators; None: CLS only).
-    Returns ((b, L, d) final states, None, kept) for ``output="scatter"``, or the compact
-    ((b, K', d), (b, K') mask, kept) for ``output="short"``; kept (b, L) bool marks the
-    original positions the last layer computed (:func:`_kept_positions`). After a gather at inference on the CPU
-    path the rows may be split into groups (:func:`_grouped`), each running the rest of this
-    loop.
+    ``tokens``: sizes, source map and unreduced rows (:class:`_Tokens`).
+    Returns ((b, L, d) final states, None, kept, merged) for ``output="scatter"``, or the
+    compact ((b, K', d), (b, K') mask, kept, merged) for ``output="short"``; kept (b, L) bool
+    marks the original positions the last layer computed (:func:`_kept_positions`); merged is
+    None, or when merging ((b, L) sizes at the kept positions, (b, L) source map:
+    :func:`_merged_outputs`), and with ``output="scatter"`` every real position then holds
+    its representative's final state. After a gather at inference on the CPU path the rows
+    may be split into groups (:func:`_grouped`), each running the rest of this loop.
     """
     method = run.method
     call = run.call
     n = len(state.layers)
+    tokens = tokens or _Tokens()
     soft_total: Tensor | None = None  # (b, K) product of the soft masks so far (training)
     # One row without padding (batch-1 serving, CPU path) stays without padding after any
     # gather: every slot is real, so the counts are the width, the gather is one index_select
     # of the kept positions, and the layers keep mask None (the stock no-padding SDPA call)
     # instead of a mask rebuilt by create_bidirectional_mask at every pruning layer.
-    single = not (run.sync_free or run.training) and mask4d is None and hidden.shape[0] == 1
+    single = (not (run.sync_free or run.training or run.merge) and mask4d is None
+              and hidden.shape[0] == 1)
     if protect is None:
         protect = protect_first(mask)
     for i in range(start, n):
         layer = state.layers[i]
         prune = i < n - 1 and state.schedule[i] < (state.schedule[i - 1] if i else 1.0) - 1e-12
         need_attn = prune and method.needs_attention
+        need_keys = prune and (run.merge or getattr(method, "needs_keys", False))
         if single:
             run.kept[i] += hidden.shape[1]
             run.padded[i] += hidden.shape[1]
@@ -821,7 +924,7 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
             count = soft_total.detach().sum() if soft_total is not None else mask.sum()
             run.kept[i] += count if run.sync_free else float(count)
             run.padded[i] += mask.numel()
-        call.want = state.qk[i][0] if need_attn else None  # hooks keep this layer's q, k
+        call.want = state.qk[i][0] if need_attn or need_keys else None  # hooks keep its q, k
         hidden = (layer(hidden, mask4d, **run.kwargs) if state.anatomy.call is None
                   else state.anatomy.call(state, i, hidden, mask4d, index))  # positions: index
         if not prune:
@@ -829,13 +932,16 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
         rho = state.schedule[i] / (state.schedule[i - 1] if i else 1.0)
         attn = None
         t0 = _clock(run)
+        keys = _keys(state, i, call.captured.get("k")) if need_keys else None
         if need_attn:
-            add = _additive(mask, soft_total, hidden.dtype)
+            add = _additive(mask, _weights(soft_total, tokens.size), hidden.dtype)
             attn = state._attention(run, i, add, mask)
             if run.training and call.rank is not None and not gathered:
                 _rank_loss(call, attn, mask)
+        call.captured.clear()
+        extra = {"keys": keys} if getattr(method, "needs_keys", False) else {}
         sel = method(hidden, mask, attn=attn, keep_ratio=rho, layer=i,
-                     labels=run.labels, protect=protect)
+                     labels=run.labels, protect=protect, **extra)
         t1 = _clock(run)
         call.select_time_s += t1 - t0
         if sel.aux_loss is not None:
@@ -850,7 +956,15 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
                 mask4d = call.soft_bias = _additive(mask, soft_total, hidden.dtype)[:, None, None, :]
             continue
         keep = (sel.keep | protect) & mask  # the host's guarantee, whatever the method did
-        if full is not None:
+        if tokens.whole is not None:  # short inputs stay whole
+            keep = keep | (tokens.whole[:, None] & mask)
+        dest = None
+        if run.merge:
+            metric = key_metric(hidden.detach() if keys is None else keys.detach(),
+                                None if keys is None else state.n_heads)
+            hidden, size, dest = merge_tokens(hidden, mask, keep, metric, tokens.size,
+                                              protect, sel.merge_into)
+        elif full is not None:  # merging reads final states through the source map instead
             full = scatter_tokens(full, hidden, index, mask)
         if single:
             pos = keep[0].nonzero().squeeze(1)  # (K',) kept positions, ascending
@@ -869,29 +983,99 @@ def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask:
                     else gather_tokens(hidden, keep, index, size=width))
         hidden, mask = g.hidden, g.mask
         protect = torch.gather(protect, 1, g.index) & mask  # follows its tokens
+        if run.merge:
+            tokens = _Tokens(torch.gather(size, 1, g.index) * mask,
+                             _follow(tokens.src, dest, g.index, mask), tokens.whole)
         gathered = True
         run.kwargs.pop("position_ids", None)
         if soft_total is not None:
             soft_total = torch.gather(soft_total, 1, g.index)
-            mask4d = call.soft_bias = _additive(mask, soft_total, hidden.dtype)[:, None, None, :]
+            mask4d = call.soft_bias = _additive(mask, _weights(soft_total, tokens.size),
+                                                hidden.dtype)[:, None, None, :]
         else:
             if run.bucket and hidden.shape[0] > 1:
                 groups = row_groups(mask.sum(1), group_overhead_tokens(hidden.shape[-1]))
                 if len(groups) > 1:
                     call.gather_time_s += time.perf_counter() - t1
                     return _grouped(state, run, i + 1, groups, hidden, mask, index, full,
-                                    protect)
-            mask4d = _bidirectional(state, hidden, mask, skip=not run.sync_free)
+                                    protect, tokens)
+            mask4d = _layer_mask(state, run, hidden, mask, tokens)
         call.gather_time_s += _clock(run) - t1
     kept = _kept_positions(index, mask, run.length)
+    merged = _merged_outputs(index, mask, tokens, run.length) if run.merge else None
     if full is None:
-        return hidden, mask, kept
+        return hidden, mask, kept, merged
     if gathered:  # even with K = L, rows may have shifted
         t0 = _clock(run)
-        full = scatter_tokens(full, hidden, index, mask)
+        if run.merge:  # every real position reads its representative's state
+            src = tokens.src
+            rep = torch.gather(hidden, 1, src.clamp_min(0)[..., None].expand(*src.shape,
+                                                                            hidden.shape[-1]))
+            full = torch.where((src >= 0)[..., None], rep.to(full.dtype), full)
+        else:
+            full = scatter_tokens(full, hidden, index, mask)
         call.gather_time_s += _clock(run) - t0
-        return full, None, kept
-    return hidden, None, kept
+        return full, None, kept, merged
+    return hidden, None, kept, merged
+
+
+def _keys(state: HFEncoderState, i: int, k: Tensor | None) -> Tensor | None:
+    """Layer ``i``'s key projection (b, K, H·dh) from what the hooks captured: the key
+    linear's output, or the middle third of a fused q/k/v projection (ModernBERT's Wqkv)."""
+    if k is None:
+        return None
+    q_lin, k_lin = state.qk[i]
+    if q_lin is k_lin:
+        return k.chunk(3, dim=-1)[1]
+    return k
+
+
+def _weights(soft: Tensor | None, size: Tensor | None) -> Tensor | None:
+    """The keys' multiplicative weights in attention: soft masks (training) times sizes
+    (merged tokens, proportional attention); None when both are."""
+    if size is None:
+        return soft
+    return size if soft is None else soft * size
+
+
+def _layer_mask(state: HFEncoderState, run: _Pass, hidden: Tensor, mask: Tensor,
+                tokens: _Tokens):
+    """The layers' mask after a gather: the stock helper's, or when merging the additive
+    bias log(size) on real keys (proportional attention: a token of size s weighs as s
+    copies of itself), which is also the call's ``soft_bias`` (DeBERTa reads it)."""
+    if not run.merge:
+        return _bidirectional(state, hidden, mask, skip=not run.sync_free)
+    bias = _additive(mask, tokens.size, hidden.dtype)[:, None, None, :]
+    run.call.soft_bias = bias
+    return bias
+
+
+def _follow(src: Tensor, dest: Tensor, index: Tensor, mask: Tensor) -> Tensor:
+    """The source map after a merge and gather: ``src`` (b, L) each original position's slot
+    before, ``dest`` (b, K) each slot's destination slot, ``index`` (b, K') the old slot of
+    each new slot (``mask`` its real ones). Returns each original position's new slot (−1
+    stays −1)."""
+    b, K = dest.shape
+    new = torch.zeros(b, K + 1, dtype=torch.long, device=dest.device)
+    cols = torch.arange(index.shape[1], device=dest.device).expand_as(index)
+    new.scatter_(1, index.masked_fill(~mask, K), cols)  # padding slots write the spare column
+    new = torch.gather(new, 1, dest)  # (b, K): old slot → the new slot of its destination
+    out = torch.gather(new, 1, src.clamp_min(0))
+    return torch.where(src >= 0, out, src)
+
+
+def _merged_outputs(index: Tensor, mask: Tensor, tokens: _Tokens, length: int
+                    ) -> tuple[Tensor, Tensor]:
+    """((b, L) float sizes at the kept original positions (0 elsewhere), (b, L) long source
+    map: each original position's representative's original position, itself at padding)."""
+    b = index.shape[0]
+    size = mask.float() if tokens.size is None else tokens.size.float() * mask
+    sizes = torch.zeros(b, length + 1, dtype=torch.float32, device=index.device)
+    sizes.scatter_(1, index.masked_fill(~mask, length), size)
+    pos = torch.arange(length, device=index.device).expand(b, length)
+    src = tokens.src
+    rep = torch.gather(index, 1, src.clamp_min(0))
+    return sizes[:, :length], torch.where(src >= 0, rep, pos)
 
 
 def _kept_positions(index: Tensor, mask: Tensor, length: int) -> Tensor:
@@ -915,13 +1099,14 @@ def _width(run: _Pass, keep: Tensor, rho: float) -> int | None:
         return None
     if getattr(run.method, "variable_budget", False):
         return max(int(keep.sum(1).max()), 1)  # the documented one sync of a threshold layer
-    return _fixed_width(keep.shape[1], rho)
+    return _fixed_width(keep.shape[1], rho, run.floor)
 
 
 def _grouped(state: HFEncoderState, run: _Pass, start: int, groups: list[Tensor],
              hidden: Tensor, mask: Tensor, index: Tensor,
-             full: Tensor | None, protect: Tensor | None = None
-             ) -> tuple[Tensor, Tensor | None, Tensor]:
+             full: Tensor | None, protect: Tensor | None = None,
+             tokens: _Tokens | None = None
+             ) -> tuple[Tensor, Tensor | None, Tensor, tuple | None]:
     """Layers ``start``, … on each group of rows, cut to the group's longest row (pad slots sit
     at the end of a gathered row), then the groups' outputs back in the rows' places.
 
@@ -930,36 +1115,45 @@ def _grouped(state: HFEncoderState, run: _Pass, start: int, groups: list[Tensor]
     gives); slots past a group's own width are zeros (they are padding, mask False).
     """
     call = run.call
+    tokens = tokens or _Tokens()
     t0 = time.perf_counter()
     parts = []
     for rows in groups:  # rows (g,) indices into the b rows
         k = max(int(mask[rows].sum(1).max()), 1)
         h, m = hidden[rows, :k], mask[rows, :k]  # (g, k, d), (g, k)
-        m4 = _bidirectional(state, h, m)
+        sub = tokens.rows(rows, k)
+        m4 = _layer_mask(state, run, h, m, sub)
         sub_full = None if full is None else full[rows]  # (g, L, d)
         call.gather_time_s += time.perf_counter() - t0
         prot = None if protect is None else protect[rows, :k]
         parts.append((rows, _layers(state, run, start, h, m, m4, index[rows, :k], sub_full,
-                                    gathered=True, protect=prot)))
+                                    gathered=True, protect=prot, tokens=sub)))
         t0 = time.perf_counter()
     kept = mask.new_zeros(hidden.shape[0], run.length)
-    for rows, (_, _, k) in parts:
+    for rows, (_, _, k, _) in parts:
         kept[rows] = k
+    merged = None
+    if run.merge:
+        sizes = torch.zeros(hidden.shape[0], run.length, device=mask.device)
+        source = torch.zeros(hidden.shape[0], run.length, dtype=torch.long, device=mask.device)
+        for rows, (_, _, _, (sz, sc)) in parts:
+            sizes[rows], source[rows] = sz, sc
+        merged = (sizes, source)
     if full is not None:
         out = torch.empty_like(full)  # the groups cover every row once
-        for rows, (o, _, _) in parts:
+        for rows, (o, _, _, _) in parts:
             out[rows] = o
         call.gather_time_s += time.perf_counter() - t0
-        return out, None, kept
+        return out, None, kept, merged
     b, d = hidden.shape[0], hidden.shape[-1]
-    width = max(o.shape[1] for _, (o, _, _) in parts)
+    width = max(o.shape[1] for _, (o, _, _, _) in parts)
     out = hidden.new_zeros(b, width, d)
     out_mask = mask.new_zeros(b, width)
-    for rows, (o, m, _) in parts:
+    for rows, (o, m, _, _) in parts:
         out[rows, : o.shape[1]] = o
         out_mask[rows, : m.shape[1]] = m
     call.gather_time_s += time.perf_counter() - t0
-    return out, out_mask, kept
+    return out, out_mask, kept, merged
 
 
 def _tracing() -> bool:
@@ -1026,6 +1220,7 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
                      soft_mode: str = "bias", scorer_queries: int = 0,
                      bucket_rows: bool = True, protect_token_ids: Sequence[int] | None = None,
                      sync_free: bool | None = None, scorer_kernel: str = "matmul",
+                     reduce: str | None = None, min_tokens: int | None = None,
                      **method_options) -> HFEncoderState:
     """Patch an encoder of a family in ``hf_attention.FAMILIES`` with a ``token`` anatomy (BERT,
     MiniLM, RoBERTa, DistilBERT, XLM-R, CamemBERT, ELECTRA, ALBERT, MPNet, DeBERTa-v2/v3,
@@ -1048,8 +1243,18 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     the device, fixed gather widths, no row groups (:func:`sync_free`). ``scorer_kernel``:
     how the exact attention-received scorer runs at inference: "matmul" (default: the scores,
     then their softmax, in blocks) or "sdpa" (two fused attention passes from the rows'
-    log-sum-exps: the L×L probabilities never exist; :func:`_received_fused`). The rest are
-    the method's options. All are checked before the model is touched.
+    log-sum-exps: the L×L probabilities never exist; :func:`_received_fused`).
+    ``reduce``: what happens to the tokens a selection does not keep: "drop" (removed with
+    their content) or "merge" (each averaged, weighted by sizes, into the kept token the
+    method matched it with or else its most similar kept one by cosine of the layer's keys;
+    later layers use proportional attention, log size on a merged key's logits; the output
+    carries ``sizes`` and a ``source`` map, and with ``output="scatter"`` every position holds
+    its representative's state: :func:`attnprune.selection.merge_tokens`); None (default):
+    the method's ``default_reduce`` ("merge" for tome, "drop" for the others).
+    ``min_tokens`` (default 0): rows with fewer real tokens than this are not reduced at all
+    (short texts, queries; a patched SentenceTransformer that merges defaults to
+    ``MERGE_MIN_TOKENS``). The rest are the method's options. All are checked before the
+    model is touched.
     """
     if scorer_kernel not in SCORER_KERNELS:
         raise ValueError(f"scorer_kernel must be one of {SCORER_KERNELS}, got {scorer_kernel!r}")
@@ -1064,6 +1269,14 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
         raise ValueError(f"scorer_queries must be an integer ≥ 0, got {scorer_queries!r}")
     if soft_mode not in ("bias", "multiply"):
         raise ValueError(f"soft_mode must be 'bias' or 'multiply', got {soft_mode!r}")
+    if reduce is None:
+        reduce = getattr(registry.get(spec.name).cls, "default_reduce", "drop")
+    if reduce not in REDUCE:
+        raise ValueError(f"reduce must be one of {REDUCE}, got {reduce!r}")
+    if min_tokens is None:
+        min_tokens = 0
+    if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
+        raise ValueError(f"min_tokens must be an integer ≥ 0, got {min_tokens!r}")
     protect_ids = _protect_ids(model.config, protect_token_ids)
     family, encoder, layers, qk = _anatomy(model)
     if output == "auto":
@@ -1087,6 +1300,8 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     state.scorer_queries = scorer_queries
     state.scorer_kernel = scorer_kernel
     state.protect_ids = protect_ids
+    state.reduce = reduce
+    state.min_tokens = min_tokens
     from attnprune.hosts.compat import (
         BaseModelOutput,
         BaseModelOutputWithPastAndCrossAttentions,
@@ -1094,7 +1309,7 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
 
     state.output_cls = BaseModelOutputWithPastAndCrossAttentions if family == "bert" else BaseModelOutput
     add_method_module(model, method)  # trained and saved with the model
-    if method.needs_attention:
+    if method.needs_attention or getattr(method, "needs_keys", False) or reduce == "merge":
         for q_lin, k_lin in dict.fromkeys(qk):  # once per module (ALBERT shares them)
             state._handles.append(q_lin.register_forward_hook(partial(_capture, state, "q", q_lin)))
             state._handles.append(k_lin.register_forward_hook(partial(_capture, state, "k", q_lin)))
@@ -1140,6 +1355,9 @@ def _attach_kept_mask(state: HFEncoderState, module, args, kwargs, output) -> No
         call.kept_mask = kept
     if kept is not None and isinstance(output, ModelOutput):
         object.__setattr__(output, "kept_mask", kept)
+        if call.sizes is not None:
+            object.__setattr__(output, "sizes", call.sizes)
+            object.__setattr__(output, "source", call.source)
 
 
 def _protect_ids(config, ids: Sequence[int] | None) -> tuple[int, ...]:

@@ -10,6 +10,11 @@ in training mode multiplies the hidden states by it instead of gathering, so gra
 the gate. Auxiliary losses (budget, sparsity, per-token head losses) are returned in
 ``Selection.aux_loss``; hosts add them up and expose the sum through
 ``attnprune.aux_loss(model)``, which training loops add to the task loss.
+
+Hosts that merge (the encoder host with ``reduce="merge"``) do not delete the unkept tokens:
+each is averaged, weighted by how many originals it stands for, into the kept token the
+method names in ``Selection.merge_into`` or else its most similar kept one, so the method's
+``keep`` says which tokens stay computed, not whose content survives.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ class Selection:
     scores: Tensor | None = None  # (B, L) importance scores, higher = keep (for analysis)
     aux_loss: Tensor | None = None  # scalar added to the task loss, or None
     info: dict | None = None  # extra per-token tensors for analysis (e.g. entropy, probs)
+    # (B, L) long, for hosts that merge (``reduce="merge"``): the slot each dropped token is
+    # averaged into (ToMe's bipartite match). None: the host merges each dropped token into
+    # its most similar kept one (cosine of keys); a slot that is not kept falls back to that.
+    merge_into: Tensor | None = None
 
 
 class TokenMethod(nn.Module):
@@ -41,6 +50,8 @@ class TokenMethod(nn.Module):
     needs_attention: bool = False
     needs_labels: bool = False
     variable_budget: bool = False  # True: the kept count is not ⌊ρ·n⌋ (thresholds, policies)
+    needs_keys: bool = False  # True: forward takes ``keys`` (B, L, d_k), the layer's key projection
+    default_reduce: str = "drop"  # what a host that can merge does with the unkept tokens
 
     def forward(
         self,

