@@ -1,6 +1,7 @@
 """Shared test set-up: offline, headless, deterministic."""
 
 import os
+import sys
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -16,6 +17,69 @@ import torch
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+# -- torch's global compile configs: a test that leaves one changed fails there (issue 48) ------
+# A leak shows up tests later, in whatever runs after it, and only in that order (a monkeypatched
+# ``cache_size_limit`` once failed a bench test on every fresh clone). Each module is checked only
+# once something has imported it (importing it here would cost every run ~2 s); a test that
+# imports it for the first time is checked against the values a fresh import gives.
+_TORCH_CONFIGS = ("torch._dynamo.config", "torch._inductor.config")
+
+
+def _config_state(mod) -> tuple[dict, set]:
+    """(every value, by key; the keys that read as missing): ``get_config_copy`` leaves out
+    aliases, which ``delattr`` (``monkeypatch.undo`` of an attribute it added) can hide."""
+    return mod.get_config_copy(), {k for k, e in mod._config.items() if e.hide}
+
+
+def _fresh_values(mod) -> dict:
+    """The values a fresh import of ``mod`` reads (environment included, no user override)."""
+    from torch.utils._config_module import _UNSET_SENTINEL
+
+    fresh = {}
+    for k, e in mod._config.items():
+        if e.alias is not None:
+            continue
+        for v in (e.env_value_force, e.env_value_default, e.default):
+            if v is not _UNSET_SENTINEL:
+                fresh[k] = v
+                break
+    return fresh
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a is b or a == b)
+    except Exception:  # noqa: BLE001 (a value whose == raises or is ambiguous counts as changed)
+        return False
+
+
+@pytest.fixture(autouse=True)
+def _torch_configs_unchanged(request):
+    """Fails (at teardown: an error on the test's id) the test that left a value of
+    ``torch._dynamo.config`` / ``torch._inductor.config`` changed, after putting it back."""
+    before = {name: _config_state(sys.modules[name]) for name in _TORCH_CONFIGS
+              if name in sys.modules}
+    yield
+    leaks = []
+    for name in _TORCH_CONFIGS:
+        mod = sys.modules.get(name)
+        if mod is None:
+            continue
+        values, hidden = before.get(name) or (_fresh_values(mod), set())
+        now, now_hidden = _config_state(mod)
+        for k, v in values.items():
+            if k in now and not _same(now[k], v):
+                leaks.append(f"{name}.{k} = {now[k]!r} (was {v!r})")
+                setattr(mod, k, v)
+        for k in sorted(now_hidden - hidden):
+            leaks.append(f"{name}.{k} hidden (reads as missing; was readable)")
+            mod._config[k].hide = False
+    if leaks:
+        pytest.fail(f"{request.node.nodeid} left torch's compile config changed (now restored; "
+                    "use monkeypatch.setattr or config.patch on the real key, not an alias):\n  "
+                    + "\n  ".join(leaks), pytrace=False)
 
 
 def require_shared_file(path) -> None:
@@ -63,3 +127,15 @@ def load_script(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+# -- reverse file order (issue 48): CI runs the suite a second time with the files reversed, so
+# a test that passes only after another file's tests (or breaks a later file) lands red. Within
+# a file the order is kept (a file may build on its own module-scoped fixtures).
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("ATTNPRUNE_REVERSE_FILES", "") in ("", "0"):
+        return
+    by_file: dict = {}
+    for item in items:
+        by_file.setdefault(item.path, []).append(item)
+    items[:] = [item for path in reversed(by_file) for item in by_file[path]]

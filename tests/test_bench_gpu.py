@@ -36,7 +36,9 @@ def test_bench_gpu_options_are_checked():
 def test_compiled_bench_uses_the_mode_and_room_for_every_graph(monkeypatch):
     """``compile_mode`` reaches torch.compile ("reduce-overhead": CUDA graphs), and dynamo's
     cache has room for every model × shape graph of the one forward (past its default 8 the
-    bench would time eager code and call it compiled)."""
+    bench would time eager code and call it compiled) while the run lasts, and only then
+    (``recompile_limit``: torch 2.13's ``cache_size_limit`` is an alias that
+    ``monkeypatch.undo`` leaves hidden, issue 48)."""
     import torch
     import torch._dynamo
 
@@ -49,13 +51,18 @@ def test_compiled_bench_uses_the_mode_and_room_for_every_graph(monkeypatch):
         return fn
 
     monkeypatch.setattr(torch, "compile", compile_)
-    monkeypatch.setattr(torch._dynamo.config, "cache_size_limit", 8)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
     fn = object()
     assert gpu._maybe_compile(fn, BenchGPUConfig()) is fn  # compile off: untouched
     assert "mode" not in seen
-    gpu._maybe_compile(fn, BenchGPUConfig(compile=True, compile_mode="reduce-overhead"))
+    with gpu._compile_room(BenchGPUConfig()):
+        assert torch._dynamo.config.recompile_limit == 8
+    cfg = BenchGPUConfig(compile=True, compile_mode="reduce-overhead")
+    gpu._maybe_compile(fn, cfg)
     assert seen == {"mode": "reduce-overhead", "dynamic": False}  # one graph per shape
-    assert torch._dynamo.config.cache_size_limit >= 64
+    with gpu._compile_room(cfg):
+        assert torch._dynamo.config.recompile_limit >= 64
+    assert torch._dynamo.config.recompile_limit == 8  # put back
 
 
 # -- the headline grid's options (issue 30): cells in order, deadline, timer, profile ---------------
@@ -124,11 +131,19 @@ def test_compiled_cells_record_compile_time_and_reset_between_cells(tmp_path, mo
     each cell (its graphs freed), and under CUDA graphs each call marks a new step; without
     those torch.compiler functions (an older torch) the bench still runs."""
     import torch
+    import torch._dynamo
 
     from attnprune.bench import gpu
 
     calls = {"reset": 0, "step": 0}
-    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, dynamic=None: fn)
+    limits = []
+    before = torch._dynamo.config.recompile_limit
+
+    def compile_(fn, mode=None, dynamic=None):
+        limits.append(torch._dynamo.config.recompile_limit)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", compile_)
     monkeypatch.setattr(torch.compiler, "reset", lambda: calls.__setitem__("reset", calls["reset"] + 1))
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin",
                         lambda: calls.__setitem__("step", calls["step"] + 1))
@@ -137,6 +152,8 @@ def test_compiled_cells_record_compile_time_and_reset_between_cells(tmp_path, mo
     rows = [r for r in _summary(tmp_path / "a")["rows"] if r["ms"] is not None]
     assert rows and all(r["compile_s"] > 0 for r in rows)
     assert calls["reset"] == 2 and calls["step"] >= 2 * 4  # ≥ one call per point and cell
+    assert limits and min(limits) >= 64  # room for every graph while the run lasts,
+    assert torch._dynamo.config.recompile_limit == before  # and dynamo's limit put back after
     monkeypatch.delattr(torch.compiler, "reset")
     monkeypatch.delattr(torch.compiler, "cudagraph_mark_step_begin")
     assert gpu._step(lambda: 7, graphs=True)() == 7

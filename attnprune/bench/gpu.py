@@ -42,6 +42,7 @@ true`` is the dry run of the GPU scripts (``scripts/gpu_issue30.sh``) without a 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import re
@@ -249,12 +250,20 @@ def _graphs(cfg: BenchGPUConfig) -> bool:
 def _maybe_compile(fn, cfg: BenchGPUConfig):
     if not cfg.compile:
         return fn
-    # every model × shape is its own graph of the one BertModel.forward: past dynamo's default
-    # 8 it would fall back to eager and time that instead
+    return torch.compile(fn, mode=cfg.compile_mode, dynamic=False)
+
+
+def _compile_room(cfg: BenchGPUConfig):
+    """Room in dynamo's cache for a compiled run, put back when the run ends: every model ×
+    shape is its own graph of the one BertModel.forward, and past dynamo's default of 8 it
+    would fall back to eager and time that instead. ``recompile_limit``, as in bench/flex.py
+    (torch 2.13's ``cache_size_limit`` is only an alias of it)."""
+    if not cfg.compile:
+        return contextlib.nullcontext()
     import torch._dynamo
 
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    return torch.compile(fn, mode=cfg.compile_mode, dynamic=False)
+    return torch._dynamo.config.patch(
+        recompile_limit=max(torch._dynamo.config.recompile_limit, 64))
 
 
 def _step(fn, graphs: bool):
@@ -581,9 +590,10 @@ def run(cfg: BenchGPUConfig, results: ResultsDir) -> dict:
 
     write([])  # a run killed before its first cell still leaves its files
 
-    rows += _encoder_rows(cfg, dtype, write, deadline, models)
-    for shape in cfg.decoders:
-        rows += _decoder_rows(cfg, shape, dtype, write, deadline)
+    with _compile_room(cfg):
+        rows += _encoder_rows(cfg, dtype, write, deadline, models)
+        for shape in cfg.decoders:
+            rows += _decoder_rows(cfg, shape, dtype, write, deadline)
     summary = write([])
     if any(r["ms"] is not None for r in rows):
         _figure([r for r in rows if r["ms"] is not None], results.path / "bench_gpu.png")
