@@ -225,6 +225,31 @@ class CrispAttention(nn.Module):
             self.reset_buffers()
         return out
 
+    def __setattr__(self, name: str, value) -> None:
+        # transformers' loader builds the model on the meta device and gives every missing key
+        # (``from_pretrained(None, config=..., state_dict={})``, or a checkpoint saved before the
+        # patch) a ``torch.empty_like`` tensor by ``setattr``, then leaves it to ``_init_weights``,
+        # which knows only transformers' module types: the EMA was uninitialised memory (issue
+        # 48). Such a tensor replacing the meta buffer starts from the initial value; one the
+        # loader filled from a checkpoint is marked ``_is_hf_initialized`` and kept, and so is
+        # what ``load_state_dict(assign=True)`` assigns.
+        fresh = (name == "entropy_ema" and isinstance(value, Tensor) and not value.is_meta
+                 and not getattr(value, "_is_hf_initialized", False)
+                 and not self.__dict__.get("_assigning", False))
+        if fresh:
+            old = self.__dict__.get("_buffers", {}).get("entropy_ema")
+            fresh = old is not None and old.is_meta
+        super().__setattr__(name, value)
+        if fresh:
+            self.reset_buffers()
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        self.__dict__["_assigning"] = True  # checkpoint values, assigned or copied, win
+        try:
+            super()._load_from_state_dict(*args, **kwargs)
+        finally:
+            self.__dict__["_assigning"] = False
+
     def layer_sparsity(self) -> list[float]:
         """The sparsity each layer uses now (the adaptive rule's current allocation)."""
         if self.schedule == "uniform":
