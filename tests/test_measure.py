@@ -201,3 +201,26 @@ def test_effective_flops_of_a_tiny_gpt2_by_hand():
     assert effective_flops(per_layer, [1.0, 0.5]) == 6656 + 3328  # the layers alone
     with pytest.raises(ValueError, match="kept_ratio"):
         effective_flops(per_layer, [1.0])
+
+
+def test_effective_flops_with_cuts_in_the_middle_by_hand():
+    """Several cuts, the first in the middle (issue 48: the one case above has its cut at the
+    last block, so using the kept ratio only at the first reduced layer passed). A 4-block
+    GPT-2 (d = 8, V = 16, T = 4): each block 6656 FLOPs, the head 1024, total 27648. Keeping
+    all of block 0, 3/4 of block 1, then half of blocks 2 and 3 (cuts after blocks 0 and 1):
+    6656 · (1 + 0.75 + 0.5 + 0.5) = 18304 for the layers, + 1024 = 19328; a single cut in the
+    middle (half from block 2 on): 6656 · 3 + 1024 = 20992."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from attnprune.measure import effective_flops
+
+    cfg = GPT2Config(n_layer=4, n_embd=8, n_head=2, vocab_size=16, n_positions=8,
+                     bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(cfg).eval()
+    total, per = count_flops(model, torch.randint(0, 16, (1, 4)), by_module=True)
+    per_layer = [per[f"GPT2LMHeadModel.transformer.h.{l}"] for l in range(4)]
+    assert (total, per_layer) == (27648, [6656] * 4)
+    assert effective_flops(per_layer, [1.0, 0.75, 0.5, 0.5]) == 18304
+    assert effective_flops(per_layer, [1.0, 0.75, 0.5, 0.5], total=total) == 19328
+    assert effective_flops(per_layer, [1.0, 1.0, 0.5, 0.5], total=total) == 20992
+    assert effective_flops(per_layer, [0.5, 0.5, 0.5, 0.5], total=total) == 1024 + 2 * 6656

@@ -119,6 +119,43 @@ def test_prefill_keeps_the_budget_with_sinks_and_window(method):
     assert lengths == ([32, 32, 8, 8] if method == "fastv" else [8] * 4)
 
 
+def _kept_by_hand(scores, real, keep, sinks, window):
+    """PrefillConfig's rule, written out: each row's first ``sinks`` and last ``window`` real
+    tokens, then the highest scores (ties: the earlier token) up to k = ⌊ρ · n⌋ (or the int
+    budget), all protected tokens kept if they outnumber k."""
+    kept = torch.zeros_like(real)
+    for b in range(real.shape[0]):
+        slots = real[b].nonzero().flatten().tolist()
+        n = len(slots)
+        k = int(keep * n + 1e-9) if isinstance(keep, float) else keep
+        protected = set(slots[:sinks]) | set(slots[max(n - window, 0):])
+        free = sorted((j for j in slots if j not in protected), key=lambda j: (-float(scores[b, j]), j))
+        for j in [*protected, *free[:max(min(k, n) - len(protected), 0)]]:
+            kept[b, j] = True
+    return kept
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("score", ["attention", "random"])
+@pytest.mark.parametrize("keep", [0.3, 7])
+def test_prefill_keeps_sinks_window_and_the_top_of_its_own_scores(family, method, score, keep):
+    """``prefill().kept`` is sinks + window + the top of ``prefill().scores`` (issue 48: a
+    prefill that kept the most recent tokens whatever the scores passed every test, the
+    selection and the scores being checked apart). Left padded, both score modes, a ratio and
+    a budget; and the top of the scores is not the most recent tokens here, so the test tells
+    them apart."""
+    model = tiny(family)
+    ids, mask = left_padded([30, 19], seed=3)
+    sinks, window = 2, 3
+    st = P.prefill(model, ids, mask, keep=keep, method=method, layer=2, window=window,
+                   sinks=sinks, score=score)
+    real = mask.bool()
+    assert torch.equal(st.kept, _kept_by_hand(st.scores, real, keep, sinks, window))
+    recency = (real.long().cumsum(1) * real).float()  # later real tokens score higher
+    assert not torch.equal(st.kept, _kept_by_hand(recency, real, keep, sinks, window))
+
+
 # -- parity ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("method", METHODS)
