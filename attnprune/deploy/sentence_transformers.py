@@ -65,7 +65,6 @@ import torch
 from torch import Tensor, nn
 
 from attnprune.hosts import MODEL_STATE_ATTR, PatchState, find_host
-from attnprune.hosts.hf_encoder import MERGE_MIN_TOKENS, stock_calls
 
 __all__ = ["SentenceTransformerState", "is_sentence_transformers_model",
            "patch_sentence_transformer"]
@@ -215,6 +214,8 @@ def _encode(state: SentenceTransformerState, original, *args, **kwargs):
     if state.encode_index is not None and len(args) > state.encode_index:
         value = args[state.encode_index]
     if not state.reduce_queries and kwargs.get("task") == "query":
+        from attnprune.hosts.hf_encoder import stock_calls  # lazy: transformers' imports
+
         with stock_calls():  # documents reduced, queries whole
             return original(*args, **kwargs)
     if value != "sentence_embedding" and state.prunes() and not state.merges():
@@ -302,6 +303,8 @@ def patch_sentence_transformer(model: nn.Module, spec, **options) -> SentenceTra
     merging = spec.kind == "token" and (
         options.get("reduce") or getattr(spec.cls, "default_reduce", "drop")) == "merge"
     if merging:
+        from attnprune.hosts.hf_encoder import MERGE_MIN_TOKENS  # lazy: transformers' imports
+
         options.setdefault("min_tokens", MERGE_MIN_TOKENS)
         if options.get("output") == "short":
             raise ValueError("output='short': a merging SentenceTransformer pools every "
