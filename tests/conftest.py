@@ -139,3 +139,73 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         by_file.setdefault(item.path, []).append(item)
     items[:] = [item for path in reversed(by_file) for item in by_file[path]]
+
+
+# -- torch 2.11's dynamo fakes ``torch.compiler.is_exporting()`` (issue 46, item 2) ------------
+# Up to torch 2.11, dynamo answers a traced ``torch.compiler.is_exporting()`` with a constant
+# True inside any compiled function (pytorch#176347; fixed upstream by #176499). The GPU image
+# runs 2.11; CI's torch does not have the bug. This reproduces it: dynamo's rule map is resolved
+# first (so it holds the real function, and the fake is inlined like any Python function), then
+# ``is_exporting`` answers True wherever a compile is running. Code that branches on the
+# function takes its export path under plain torch.compile, as on the device.
+#
+# ``make test-fake-exporting`` (run by .ci/run) runs the compile, export and ONNX tests with the
+# fake on for the whole session (ATTNPRUNE_FAKE_EXPORTING=1); the ``fake_exporting`` fixture
+# turns it on for one test.
+FAKE_EXPORTING_ENV = "ATTNPRUNE_FAKE_EXPORTING"
+
+
+def install_fake_exporting():
+    """Replace ``torch.compiler.is_exporting`` by torch 2.11's behaviour under dynamo; returns
+    a function that puts the real one back."""
+    from torch._dynamo import trace_rules
+
+    real = torch.compiler.is_exporting
+    if getattr(real, "_attnprune_fake", False):
+        return lambda: None
+    # dynamo's caches keyed by torch's functions (the rule map, the tracing-state functions and
+    # their handlers) must hold the real function, else dynamo treats it as an unknown op: one
+    # small compile that calls it builds them all (the rule map alone is not enough), and
+    # torch._dynamo.reset() clears none of them
+    trace_rules.get_torch_obj_rule_map()
+    torch.compile(lambda x: x + int(torch.compiler.is_exporting()), backend="eager",
+                  fullgraph=True)(torch.zeros(1))
+
+    def fake() -> bool:
+        return torch.compiler.is_compiling() or real()
+
+    fake._attnprune_fake = True
+    torch.compiler.is_exporting = fake
+
+    def undo():
+        torch.compiler.is_exporting = real
+    return undo
+
+
+def fake_exporting_on() -> bool:
+    return bool(getattr(torch.compiler.is_exporting, "_attnprune_fake", False))
+
+
+@pytest.fixture
+def fake_exporting():
+    """torch 2.11's faked ``is_exporting()`` for one test (see :func:`install_fake_exporting`)."""
+    torch._dynamo.reset()
+    undo = install_fake_exporting()
+    torch._dynamo.reset()
+    try:
+        yield
+    finally:
+        torch._dynamo.reset()
+        undo()
+
+
+def pytest_configure(config):
+    if os.environ.get(FAKE_EXPORTING_ENV, "") not in ("", "0"):
+        install_fake_exporting()
+
+
+def pytest_report_header(config):
+    if fake_exporting_on():
+        return "torch.compiler.is_exporting: faked as on torch 2.11 (ATTNPRUNE_FAKE_EXPORTING)"
+    return None
+

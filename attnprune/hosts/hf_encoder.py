@@ -1165,10 +1165,27 @@ def _tracing() -> bool:
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
+# torch.export sets this module flag for the whole trace (``torch._export.utils.
+# _compiling_state_context``, strict and non-strict, so ONNX's dynamo exporter too); plain
+# torch.compile never does. Absent on torches older than 2.6, which only have the function.
+_EXPORT_FLAG = hasattr(torch.compiler, "_is_exporting_flag")
+
+
 def _exporting() -> bool:
     """torch.export / ONNX (dynamo) / the TorchScript tracer: graphs meant to run without
-    Python, whose gathers keep the eager forward's exact widths (:func:`_traced_width`)."""
-    return torch.compiler.is_exporting() or torch.jit.is_tracing()
+    Python, whose gathers keep the eager forward's exact widths (:func:`_traced_width`).
+
+    Reads ``torch.compiler._is_exporting_flag`` itself, not ``torch.compiler.is_exporting()``:
+    up to torch 2.11 dynamo answers a traced ``is_exporting()`` with a constant True inside
+    any compiled function (pytorch#176347, fixed by #176499), which took the export path's
+    ``.item()`` under plain ``torch.compile``: graph breaks, host syncs, split CUDA graphs.
+    Dynamo reads a module attribute as it is (a guarded constant), so the flag is False under
+    torch.compile and True under torch.export on every torch (tests/test_export_flag.py)."""
+    if torch.jit.is_tracing():
+        return True
+    if _EXPORT_FLAG:
+        return bool(torch.compiler._is_exporting_flag)
+    return torch.compiler.is_exporting()
 
 
 def _traced_width(keep: Tensor):
