@@ -120,14 +120,25 @@ def test_linear_schedule_spreads_the_reduction_evenly():
 
 
 # -- through the model -----------------------------------------------------------------------
-@pytest.mark.parametrize("options", [{}, {"bucket_rows": False}, {"sync_free": True}])
-def test_proportional_attention_equals_attention_over_duplicates(options):
+@pytest.mark.parametrize("options", [{}, {"bucket_rows": False}, {"sync_free": True},
+                                     {"groups": True}])
+def test_proportional_attention_equals_attention_over_duplicates(options, monkeypatch):
     """The a's merged into one token of size 3: every position's final state is the stock
-    one (fp32, 1e-5), and sizes / source say who stands for whom."""
+    one (fp32, 1e-5), and sizes / source say who stands for whom; on one padded batch, in
+    row groups (each row its own: no group overhead), and on the sync-free path."""
+    if options.pop("groups", False):
+        from attnprune.hosts import hf_encoder
+
+        monkeypatch.setattr(hf_encoder, "GROUP_OVERHEAD_TOKENS", 0.0)
+        seen = []
+        real_grouped = hf_encoder._grouped
+        monkeypatch.setattr(hf_encoder, "_grouped",
+                            lambda *a, **k: seen.append(len(a[3])) or real_grouped(*a, **k))
     model = _orderless_bert()
     ids, mask = _batch()
     ref = _stock(model, ids, mask)
-    attnprune.patch(model, "tome", keep_ratio=0.75, after_layer=1, **options)
+    options.setdefault("keep_ratio", 0.75)
+    attnprune.patch(model, "tome", after_layer=1, **options)
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask)
     real = mask.bool()
@@ -140,6 +151,28 @@ def test_proportional_attention_equals_attention_over_duplicates(options):
     assert out.kept_mask.tolist() == (out.sizes > 0).tolist()
     state = attnprune.patch_state(model)
     assert state.sizes is out.sizes and state.source is out.source
+    if "seen" in locals():
+        assert seen == [2]  # the two rows ran as two groups
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_merged_tokens_merge_again_with_their_sizes(sync):
+    """Two reducing layers: after the a's (size 3) the b's merge (size 2) in layer 2; the
+    padded second row stays whole (min_tokens); still every state is the stock one."""
+    model = _orderless_bert()
+    ids, mask = _batch()
+    ref = _stock(model, ids, mask)
+    attnprune.patch(model, "tome", schedule=[0.75, 0.625, 0.625], min_tokens=7,
+                    sync_free=sync)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask)
+    real = mask.bool()
+    torch.testing.assert_close(out.last_hidden_state[real], ref[real], atol=1e-5, rtol=1e-5)
+    # layer 2 sees [CLS] a b b c [SEP] at original positions 0 1 3 5 6 7: the b in slot 2
+    # (set A, position 3) joins its twin in slot 3 (set B, position 5)
+    assert out.sizes[0].tolist() == [1, 3, 0, 0, 0, 2, 1, 1]
+    assert out.source[0].tolist() == [0, 1, 1, 5, 1, 5, 6, 7]
+    assert out.sizes[1, :6].tolist() == [1] * 6
 
 
 def test_every_scorer_merges_with_reduce_merge():
