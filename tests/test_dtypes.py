@@ -4,7 +4,7 @@ under autocast; and, where the kept tokens do not depend on rounding (a fixed ke
 outputs equal the fp32 model's within a tolerance that a wrong mask or position breaks.
 
 bf16 and fp16 run on the CPU, so this matrix runs in CI without a GPU (the GPU script
-``scripts/gpu_check.sh`` runs it on CUDA too, where layer_norm refuses mixed dtypes that the
+``scripts/gpu/job.sh`` runs it on CUDA too, where layer_norm refuses mixed dtypes that the
 CPU kernels accept).
 """
 
@@ -120,7 +120,7 @@ def test_low_precision_gather_equals_fp32(arch, dtype):
     assert wrong > 2 * TOL[dtype], f"{arch}: a wrong mask moved the states by {wrong:.4f} only"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu_check.sh)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu/job.sh)")
 def test_cuda_bf16_every_method_and_family():
     """The matrix above on CUDA in bf16 (CUDA's layer_norm refuses the mixed dtypes that the
     CPU kernel accepts), forward and a training step under CUDA autocast; all failures at once."""

@@ -447,7 +447,7 @@ def test_patched_encoder_pickles_and_copies_independently():
 
 
 # ----------------------------------------------------------------------------- CUDA only
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu_check.sh)")
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu/job.sh)")
 
 
 @cuda

@@ -7,6 +7,8 @@ synchronises the device around every call):
 * ``full``           the stock model;
 * ``mean@ρ/L1``      attention_mass (mean scorer) keeping ρ of the tokens after layer 1, the
                      README's long-text recipe, at each ρ of ``keep_ratios``;
+* ``tome@ρ/L1``, ``mean@ρ/L1/merge``  (``merge_points``) token merging: ToMe with a linear
+                     schedule to ρ, attention_mass with ``reduce="merge"``;
 * ``layers=N``       the first N layers only (N = half the depth by default), the shallower
                      model users try first;
 * ``int8``           int8 weights where the device has a kernel for it (CUDA: torchao's
@@ -37,7 +39,7 @@ summary's ``models``, where the package is not installed), with its 512 position
 
 Prints one markdown table (ms, ratio to full, the full model's tokens/s); writes
 ``summary.json`` and ``bench_gpu.png`` (time relative to full vs T). ``--device cpu --quick
-true`` is the dry run of the GPU scripts (``scripts/gpu_issue30.sh``) without a GPU.
+true`` is the dry run of the GPU job (``scripts/gpu/job.sh``) without a GPU.
 """
 
 from __future__ import annotations
@@ -92,6 +94,28 @@ def parse_cell(text: str, name: str = "cells") -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+_MERGE = re.compile(r"^\s*(tome|merge)\s*@\s*([0-9.]+)\s*$")
+
+
+def parse_merge_point(text: str, name: str = "merge_points") -> tuple[str, float]:
+    """"tome@0.5" → ("tome", 0.5), "merge@0.25" → ("merge", 0.25); ValueError naming ``name``."""
+    m = _MERGE.match(str(text))
+    if not m:
+        raise ValueError(f"{name}: 'tome@ρ' or 'merge@ρ' (e.g. tome@0.5), got {text!r}")
+    rho = float(m.group(2))
+    check_keep_ratio(rho, name)
+    return m.group(1), rho
+
+
+def merge_patch(kind: str, rho: float, after_layer: int) -> tuple[str, str, dict]:
+    """(point name, method, patch options) of a merge point."""
+    if kind == "tome":
+        return (f"tome@{rho:g}/L{after_layer}", "tome",
+                {"keep_ratio": rho, "schedule": "linear", "after_layer": after_layer})
+    return (f"mean@{rho:g}/L{after_layer}/merge", "attention_mass",
+            {"keep_ratio": rho, "after_layer": after_layer, "reduce": "merge"})
+
+
 @dataclass(frozen=True)
 class BenchGPUConfig:
     """Options of ``attnprune bench gpu``."""
@@ -105,6 +129,9 @@ class BenchGPUConfig:
     decoder_lengths: tuple[int, ...] = (512, 2048)
     decoder_batch: int = 1
     keep_ratios: tuple[float, ...] = (0.25, 0.5)
+    # token merging beside the drop points (issue 46): "tome@ρ" (ToMe, linear schedule to ρ
+    # after ``after_layer``) and "merge@ρ" (attention_mass mean at ρ with reduce="merge")
+    merge_points: tuple[str, ...] = ()
     # how the pruned points' scorer runs (hf_encoder.SCORER_KERNELS): "matmul" builds the L×L
     # probabilities in blocks, "sdpa" takes them from two fused attention passes (issue 30)
     scorer_kernels: tuple[str, ...] = ("matmul",)
@@ -136,6 +163,8 @@ class BenchGPUConfig:
                 raise ValueError(f"decoders: {m!r} is not one of {', '.join(DECODERS)}")
         for i, r in enumerate(self.keep_ratios):
             check_keep_ratio(r, f"keep_ratios[{i}]")
+        for i, p in enumerate(self.merge_points):
+            parse_merge_point(p, f"merge_points[{i}]")
         for name in ("batch_sizes", "lengths", "decoder_lengths"):
             if not getattr(self, name) or min(getattr(self, name)) < 1:
                 raise ValueError(f"{name}: give positive integers, got {getattr(self, name)}")
@@ -302,6 +331,9 @@ def _points(cfg: BenchGPUConfig, shape: str, dtype, positions: int) -> dict:
                       scorer_kernel=kernel)
             suffix = "" if kernel == "matmul" else f"/{kernel}"
             models[f"mean@{rho:g}/L{cfg.after_layer}{suffix}"] = m
+    for point in cfg.merge_points:
+        name, method, options = merge_patch(*parse_merge_point(point), cfg.after_layer)
+        models[name] = api.patch(copy.deepcopy(base), method, **options)
     models[f"layers={n}"] = _shallow(base, n)
     q, why = _int8(base, cfg.device)
     if q is not None:

@@ -204,6 +204,13 @@ def answer(model: nn.Module, head: list[int], tail: list[int], max_new_tokens: i
     (the mean of the later steps; None for a one-token answer). ``target``: teacher forcing:
     the decode steps read ``target``'s tokens instead of the model's, the tokens returned are
     the model's top choices at each step, and ``timings["bits"]`` the target's −log₂ p."""
+    # the prompt's tensors are built on the model's device (on a GPU a CPU tensor crashed the
+    # first in-training check: issue 46; tests/test_gpu_job.py runs this with a meta model)
+    device = next(model.parameters()).device
+
+    def tensor(ids: list[int]) -> torch.Tensor:
+        return torch.tensor([ids], device=device)
+
     if options.get("keep") == 1.0:
         from transformers import DynamicCache
 
@@ -212,7 +219,7 @@ def answer(model: nn.Module, head: list[int], tail: list[int], max_new_tokens: i
         cache = DynamicCache()
 
         def step(ids: list[int]) -> torch.Tensor:
-            return model(input_ids=torch.tensor([ids]), use_cache=True, **cache_kwargs(cache)).logits[0, -1]
+            return model(input_ids=tensor(ids), use_cache=True, **cache_kwargs(cache)).logits[0, -1]
 
         def start(ids: list[int], n_new: int) -> torch.Tensor:
             return step(ids)
@@ -222,11 +229,11 @@ def answer(model: nn.Module, head: list[int], tail: list[int], max_new_tokens: i
         state = None
 
         def step(ids: list[int]) -> torch.Tensor:
-            return decode(state, torch.tensor([ids]))[0]
+            return decode(state, tensor(ids))[0]
 
         def start(ids: list[int], n_new: int) -> torch.Tensor:
             nonlocal state
-            state = prefill(model, torch.tensor([ids]), max_new_tokens=n_new, **options)
+            state = prefill(model, tensor(ids), max_new_tokens=n_new, **options)
             return state.logits[0]
     return _greedy(start, step, head, tail, max_new_tokens, question, timings, target)
 

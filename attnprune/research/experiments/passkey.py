@@ -21,7 +21,7 @@ the schedule (warm-up, cosine, curriculum) runs on the larger of the step and th
 fraction, so a slow device ends early with a fully decayed learning rate rather than being
 killed mid-schedule. ``train_only`` saves the weights (``model.safetensors``), ``config.json``
 and ``train.json`` (losses, steps done, a quick unpruned check at each evaluation length on
-the training device) and skips the evaluation grid: ``scripts/gpu_passkey.sh`` trains 3 seeds
+the training device) and skips the evaluation grid: ``scripts/gpu/train_passkey.sh`` trains 3 seeds
 at prompts up to 2,048 tokens on one GPU that way.
 """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The training phase of `attnprune pareto` on a GPU machine that has PyTorch and transformers
 # but no network and no attnprune install. From the repository root:
-#   bash scripts/gpu_pareto.sh "0 1 2" configs/pareto_shakespeare.yaml configs/pareto_tweets.yaml
+#   bash scripts/gpu/train_pareto.sh "0 1 2" configs/pareto_shakespeare.yaml configs/pareto_tweets.yaml
 # runs, seed by seed, each config's training phase into its own folder
 # /tmp/res/<config>-seed<N> and packs each finished one as $OUT/<config>-seed<N>.tgz (runs and
 # predictions; no weights). A run cut off by the deadline (DEADLINE_S, default 570 s from the

@@ -5,21 +5,21 @@
 # accuracy at 512 / 1,024 / 2,048 tokens on the GPU) and log.txt; then one summary line per seed.
 #
 # Invocation (from the repository root, no attnprune install, no network needed; ~3 min wall):
-#   bash scripts/gpu_passkey.sh results/passkey_gpu
+#   bash scripts/gpu/train_passkey.sh results/passkey_gpu
 # Expected wall time: ~160-175 s (training stops itself at PASSKEY_BUDGET=130 s per seed,
 # + imports/CUDA start + the checks); every process is killed at 185 s, so the script ends
 # in ≤ 200 s whatever happens (a killed seed keeps the checkpoint written at 50 % / 80 %).
 # CPU dry run (proves the plumbing, learns nothing):
 #   PASSKEY_STEPS=20 PASSKEY_BATCH_TOKENS=2048 PASSKEY_MAX_LEN=256 PASSKEY_CHECK_LENGTHS=256 \
-#     PASSKEY_BUDGET=60 DEVICE=cpu bash scripts/gpu_passkey.sh /tmp/pk_dry
+#     PASSKEY_BUDGET=60 DEVICE=cpu bash scripts/gpu/train_passkey.sh /tmp/pk_dry
 #
 # Recipe: Llama width 128, 6 layers, 4 heads (2 KV), FFN 384, vocabulary 64, 2 digits;
 # prompt lengths uniform in [32, top], top growing 32 → 2,048 over the first half of the
 # schedule; ~64k prompt tokens per step (batch = max(16, 65536 // length)); AdamW lr 2e-3,
 # 5 % warm-up, cosine; bf16 autocast; the schedule runs on min(steps, time budget).
 set -u
-OUT=${1:?usage: bash scripts/gpu_passkey.sh OUTDIR}
-cd "$(dirname "$0")/.."
+OUT=${1:?usage: bash scripts/gpu/train_passkey.sh OUTDIR}
+cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export OMP_NUM_THREADS=4 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 DEVICE=${DEVICE:-cuda}

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine that does everything a session needs there, in order:
+# The pareto fronts' training on a lent GPU (issues 22-25; once scripts/gpu_session.sh): its
+# bench steps 1 and 1b are superseded by scripts/gpu/job.sh (PART=bench), which is what a GPU
+# call should run for speed; this script stays for the training phase the README's fronts
+# came from (docs/long_text_benchmark.md). In order:
 #   1. `attnprune bench gpu` alone on the GPU (issue 22's targets: bf16, MiniLM and BERT-base
 #      shapes, B 1/32, T 128/512/2048, the Llama-1B-shaped prefill), cut off at BENCH_S (90 s);
 #   1b. (COMPILED=true) the bench again through torch.compile(mode="reduce-overhead"), CUDA
@@ -9,7 +12,7 @@
 #        per seed (0, 1, 2), each with 4 CPU threads for its int8 scoring;
 #      - the README recipe's fronts on Shakespeare and tweets (configs/pareto_{shakespeare,
 #        tweets}_cpu.yaml), all seeds in one process each, at low CPU priority (nice);
-#      - scripts/gpu_passkey.sh (issue 25: the passkey models up to 2k tokens), when present;
+#      - scripts/gpu/train_passkey.sh (issue 25: the passkey models up to 2k tokens), when present;
 #      - the CUDA tests (tests/test_sync_free.py, test_dtypes.py, test_measure.py -k cuda);
 #   3. packs $OUT/{bench,pareto,logs}.tgz and passkey-seed{0,1,2}.tgz (runs and predictions, no pareto weights).
 # Everything stops by DEADLINE_S (default 560 s from the start); a pareto run cut off keeps the
@@ -17,10 +20,10 @@
 # Inputs carried (ignored by git through .git/info/exclude): .carry/minilm (MiniLM-L6 with fp16
 # weights, widened back to fp32 here), .carry/cache/docstring_domain (the corpus, gzipped) and
 # .carry/data/*.gz (the shared data files, gzipped: shakespeare.txt, tweets_sentiment.csv).
-#   run(command="bash scripts/gpu_session.sh", carry=[".carry"], timeout_s=595)
+#   run(command="bash scripts/gpu/train_pareto_fronts.sh", carry=[".carry"], timeout_s=595)
 # Dry run on the CPU (tiny shapes and splits):
 #   DEVICE=cpu QUICK=true PARETO_ARGS="--max-train 48 --max-test 32 --full-epochs 1" \
-#     DEADLINE_S=400 OUT=/tmp/gs_out bash scripts/gpu_session.sh
+#     DEADLINE_S=400 OUT=/tmp/gs_out bash scripts/gpu/train_pareto_fronts.sh
 # Afterwards, here: unpack pareto.tgz, `python scripts/merge_results.py DEST seed folders`, then
 # `attnprune pareto --out DEST --exact-out --phase time --threads 1` and `--phase summary`.
 set -uo pipefail
@@ -117,9 +120,9 @@ for cfg in shakespeare tweets; do
     --progress false $PARETO_ARGS --out "$W/pareto-$cfg" --exact-out > "$W/pareto-$cfg.log" 2>&1 &
   pids+=($!)
 done
-if [[ $PASSKEY == true && -f scripts/gpu_passkey.sh ]]; then
+if [[ $PASSKEY == true && -f scripts/gpu/train_passkey.sh ]]; then
   PASSKEY_BUDGET=${PASSKEY_BUDGET:-240} PASSKEY_KILL_S=${PASSKEY_KILL_S:-290} DEVICE=$DEVICE timeout "$(( $(left) - 25 ))" \
-    bash scripts/gpu_passkey.sh "$W/passkey" > "$W/passkey.log" 2>&1 &
+    bash scripts/gpu/train_passkey.sh "$W/passkey" > "$W/passkey.log" 2>&1 &
   pids+=($!)
 fi
 if [[ $DEVICE == cuda ]]; then
