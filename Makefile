@@ -28,7 +28,7 @@ test-reverse: setup
 # install_fake_exporting. The encoder host must not take its export path under torch.compile
 # (issue 46, item 2). `-k compile` selects all of tests/test_compiled.py by its name.
 FAKE_EXPORTING_TESTS = tests/test_export_flag.py tests/test_compiled.py tests/test_sync_free.py \
-	tests/test_merge.py tests/test_onnx.py
+	tests/test_merge.py tests/test_onnx.py tests/test_compiled_sdpa_mask.py
 
 test-fake-exporting: setup
 	$(TEST_ENV) ATTNPRUNE_FAKE_EXPORTING=1 $(PY) -m pytest -q $(FAKE_EXPORTING_TESTS) \

@@ -224,7 +224,8 @@ def test_job_scripts_parse_and_name_what_exists():
     for f in (JOB, RECIPE):
         subprocess.run(["bash", "-n", str(f)], check=True)
     text = JOB.read_text()
-    for path in ("scripts/gpu/pack.py", "scripts/gpu/summary.py", "scripts/gpu/long_recipe.sh",
+    for path in ("scripts/gpu/pack.py", "scripts/gpu/summary.py", "scripts/gpu/best.py",
+                 "scripts/gpu/long_recipe.sh",
                  "scripts/train_long_tasks.py"):
         assert path in text and (REPO / path).is_file(), path
     for test in ("tests/test_export_flag.py", "tests/test_compiled.py", "tests/test_sync_free.py",
@@ -294,3 +295,18 @@ def test_merge_points_are_parsed_and_bad_ones_named():
     for bad in ("tome", "drop@0.5", "tome@1.5"):
         with pytest.raises(ValueError, match="merge_points"):
             gpu.BenchGPUConfig(merge_points=(bad,))
+
+
+def test_best_against_best_takes_each_points_best_mode():
+    best = load_script("gpu/best")
+    rows = best.best_rows({
+        "eager": [{"model": "m", "B": 1, "T": 8, "point": "full", "ms": 10.0},
+                  {"model": "m", "B": 1, "T": 8, "point": "pruned", "ms": 6.0},
+                  {"model": "m", "B": 1, "T": 8, "point": "half", "ms": None}],
+        "graphs": [{"model": "m", "B": 1, "T": 8, "point": "full", "ms": 4.0},
+                   {"model": "m", "B": 1, "T": 8, "point": "pruned", "ms": 3.0}]})
+    got = {r["point"]: (r["best_mode"], r["best_ms"], r["relative"]) for r in rows}
+    # the pruned point against the full model's best (graphs: 4 ms), not its eager 10 ms
+    assert got == {"full": ("graphs", 4.0, 1.0), "pruned": ("graphs", 3.0, 0.75)}
+    assert "| m | 1 × 8 | pruned | 3.00 ms | graphs | 0.75× | 6.00 ms | 3.00 ms |" in best.table(
+        rows, ["eager", "graphs"])

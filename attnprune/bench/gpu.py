@@ -279,6 +279,9 @@ def _graphs(cfg: BenchGPUConfig) -> bool:
 def _maybe_compile(fn, cfg: BenchGPUConfig):
     if not cfg.compile:
         return fn
+    from attnprune.hosts.compat import fix_transformers_exporting
+
+    fix_transformers_exporting()  # torch 2.11: the full model's SDPA gets no expanded mask
     return torch.compile(fn, mode=cfg.compile_mode, dynamic=False)
 
 

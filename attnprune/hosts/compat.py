@@ -59,8 +59,9 @@ __all__ = ["AttentionMaskInterface", "BaseModelOutput", "BaseModelOutputWithPast
            "BaseModelOutputWithPastAndCrossAttentions", "LengthGroupedSampler", "ModelOutput",
            "attn_implementation", "auto_model_class_names", "children_dict",
            "create_bidirectional_mask", "create_causal_mask", "deberta_make_log_bucket_position",
-           "hook_dicts", "modernbert_apply_rotary_pos_emb", "sdpa_attention_forward",
-           "sdpa_logsumexp", "sdpa_mask"]
+           "exporting", "fix_transformers_exporting", "hook_dicts",
+           "modernbert_apply_rotary_pos_emb", "sdpa_attention_forward", "sdpa_logsumexp",
+           "sdpa_mask"]
 
 
 def __getattr__(name: str):
@@ -73,6 +74,42 @@ def __getattr__(name: str):
     value = getattr(importlib.import_module(module), attr)
     globals()[name] = value  # later lookups skip this function
     return value
+
+
+def exporting() -> bool:
+    """torch.export (and ONNX's dynamo exporter) is tracing: ``torch.compiler._is_exporting_flag``
+    itself, which dynamo reads as it is. ``torch.compiler.is_exporting()`` is answered True inside
+    any compiled function by dynamo up to torch 2.11 (pytorch#176347)."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    return bool(flag) if flag is not None else torch.compiler.is_exporting()
+
+
+def fix_transformers_exporting():
+    """Make transformers' mask builders ask :func:`exporting` instead of
+    ``torch.compiler.is_exporting()`` (``masking_utils.is_torchdynamo_exporting``, checked on
+    5.17 and 5.24); returns a function that puts the original back. Idempotent.
+
+    On torch 2.11, under ``torch.compile``, transformers then believes it is exporting: it never
+    drops the all-ones / absent mask of an unpadded batch and hands SDPA an expanded
+    (B, 1, T, T) bool mask whose last stride is 0, which no fused CUDA kernel accepts (the math
+    path, in fp32: 2.2× slower than eager on an H200, issue 46). With the flag, the mask of an
+    unpadded batch is None, as in eager. Same answer as before wherever torch is not faked."""
+    try:
+        from transformers import masking_utils
+    except ImportError:  # pragma: no cover (transformers is a dependency)
+        return lambda: None
+    old = getattr(masking_utils, "is_torchdynamo_exporting", None)
+    if old is None or old is _transformers_exporting:
+        return lambda: None
+    masking_utils.is_torchdynamo_exporting = _transformers_exporting
+
+    def undo():
+        masking_utils.is_torchdynamo_exporting = old
+    return undo
+
+
+def _transformers_exporting() -> bool:
+    return exporting()
 
 
 def sdpa_logsumexp(q: Tensor, k: Tensor, bias: Tensor) -> Tensor:

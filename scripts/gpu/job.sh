@@ -20,7 +20,8 @@
 #               (ATTNPRUNE_TEST_TIMEOUT), none started past its step's deadline, -rf names
 #               every failure
 #     compiled  the grid through torch.compile(mode="reduce-overhead") on the target shapes
-#               (32 × 512 and 1 × 512), with whatever time is left
+#               (32 × 512 and 1 × 512), with whatever time is left; then best.md: each point
+#               at its best mode, ratios best against best (scripts/gpu/best.py)
 #   PART=long (≤ 5 min: TOTAL_S=270)
 #     long      scripts/train_long_tasks.py: 2 seeds of the deep model and 2 of half its layers
 #               at once, recipe scripts/gpu/long_recipe.sh (--min-length fits every task:
@@ -147,8 +148,8 @@ if [[ $PART == bench ]]; then
   s=$(budget "$(( ${TESTS_COMPILE_S:-60} * QT ))" 15)
   ATTNPRUNE_TEST_TIMEOUT=${TEST_TIMEOUT:-60} ATTNPRUNE_TEST_DEADLINE_S=$(( s > 15 ? s - 15 : 1 )) \
     step tests_compile "$s" python3 -m pytest -q -rfE -p no:cacheprovider "${TEST_ARGS[@]}" \
-    tests/test_export_flag.py tests/test_compiled.py tests/test_sync_free.py tests/test_merge.py \
-    -k "compile or export or fake"
+    tests/test_export_flag.py tests/test_compiled_sdpa_mask.py tests/test_compiled.py \
+    tests/test_sync_free.py tests/test_merge.py -k "compile or export or fake"
 
   # 5. inductor with CUDA graphs on the target shapes, with what is left
   if [[ $COMPILE_OK == true ]]; then
@@ -163,6 +164,9 @@ if [[ $PART == bench ]]; then
   else
     echo "compiled skipped: torch.compile / triton not importable" | tee -a "$W/STEPS.txt"
   fi
+  # best against best: each point at its best mode, ratios to the full model's best
+  timeout 30 python3 scripts/gpu/best.py "$W/best.md" eager="$W/grid/summary.json" \
+    inductor-cudagraphs="$W/compiled/summary.json" 2>&1 | tee -a "$W/STEPS.txt"
 else
   # shellcheck source=scripts/gpu/long_recipe.sh
   source scripts/gpu/long_recipe.sh
