@@ -311,3 +311,20 @@ def test_patch_and_compare_options_are_checked_before_work(tiny_st, tmp_path, op
     assert not (tmp_path / "out").exists()
     printed = capsys.readouterr()
     assert re.search(match, printed.err + printed.out) or True
+
+
+def test_quality_only_run_has_no_timing(tiny_st, tmp_path):
+    """``--timing false`` (a search on the val split): every point's quality, no timing
+    phase, the summary says so, and the table shows no time."""
+    data = _write_data(tmp_path / "bench")
+    out = tmp_path / "out"
+    assert ef.main(_argv(tiny_st, data, out, "--queries", "10", "--passages", "20",
+                         "--keep-ratios", "[0.5]", "--int8", "false", "--onnx-int8", "false",
+                         "--split", "val", "--timing", "false",
+                         "--compare", '["attention_mass@0.5/L1|layers=2"]')) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["timing"] is None and s["split"] == "val"
+    assert all(e["time"] is None for e in s["points"].values())
+    assert next(iter(s["pairs"].values()))["time_ratio"] is None
+    assert not (out / "timing.json").exists() and not (out / "front.png").exists()
+    assert "not timed" in (out / "front.md").read_text()

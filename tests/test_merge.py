@@ -493,3 +493,25 @@ def test_embed_distill_trains_a_merged_student(tmp_path, capsys):
     emb = loaded.encode(sentences(4, 9), convert_to_tensor=True)
     assert torch.isfinite(emb).all()
     assert state.sizes is not None  # it merged
+
+
+def test_merge_under_inductor_equals_eager():
+    """ToMe and a merging scorer compiled by inductor (fullgraph, sync-free) give the eager
+    outputs; inductor once failed on ToMe's set comparison of two index booleans."""
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(**SMALL)).eval()
+    attnprune.patch(model, "tome", keep_ratio=0.5, schedule="linear", sync_free=True)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(5, 100, (4, 24), generator=g)
+    mask = torch.ones(4, 24, dtype=torch.long)
+    mask[1, 15:] = 0
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            want = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            got = torch.compile(model, fullgraph=True, dynamic=False)(
+                input_ids=ids, attention_mask=mask).last_hidden_state
+    finally:
+        torch._dynamo.reset()
+    real = mask.bool()
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-4)

@@ -47,14 +47,15 @@ def bipartite_match(metric: Tensor, mask: Tensor, protect: Tensor | None = None
     real = mask.bool()
     free = real if protect is None else real & ~protect.bool()
     slot = torch.arange(L, device=metric.device)
-    even = (slot % 2 == 0)[None, :]  # (1, L)
+    parity = slot % 2  # 0: set A, 1: set B (ints: inductor cannot compare two index booleans)
+    even = (parity == 0)[None, :]  # (1, L)
     sim = metric @ metric.transpose(1, 2)  # (B, L, L) cosine
-    other = even[:, :, None] != even[:, None, :]  # (1, L, L): pairs across the two sets
+    other = (parity[:, None] != parity[None, :])[None]  # (1, L, L): pairs across the two sets
     # a destination must be a real token that stays (not protected: CLS and separators keep
     # their own states); B tokens are destinations of A and vice versa
     allowed = other & free[:, None, :]
     lo = torch.finfo(sim.dtype).min
-    sim = torch.where(allowed, sim, torch.full((), lo, dtype=sim.dtype, device=sim.device))
+    sim = sim.masked_fill(~allowed, lo)
     best, match = sim.max(-1)  # (B, L)
     has = best > lo / 2
     priority = torch.where(even, best + 2.0, best - 2.0)

@@ -119,6 +119,7 @@ class EmbedFrontConfig:
     clock: str = "process"  # process (CPU time of this process) or wall
     resamples: int = 10_000  # bootstrap resamples
     progress: bool = False  # print a line per configuration
+    timing: bool = True  # false: quality only, no timing phase (a search on the val split)
 
     def __post_init__(self) -> None:
         from attnprune.methods import registry
@@ -461,7 +462,7 @@ def run(cfg: EmbedFrontConfig, results: ResultsDir, data) -> dict:
         if p["label"] == STOCK:
             with np.load(results.path / f"embeddings/{_file(STOCK)}.npz") as z:
                 stock_embeddings = {"queries": z["queries"], "passages": z["passages"]}
-    if not results.exists("timing.json"):
+    if cfg.timing and not results.exists("timing.json"):
         models = {p["label"]: build(p, stock, cfg, results) for p in pts}
         time_phase(cfg, results, models, sub)
         del models
@@ -473,7 +474,7 @@ def summarize(cfg: EmbedFrontConfig, results: ResultsDir, sub: dict, source: str
     """``summary.json``, ``front.md`` and ``front.png`` from the predictions and timing."""
     from attnprune.research import retrieval_metrics as rm
 
-    timing = results.read_json("timing.json")
+    timing = results.read_json("timing.json") if cfg.timing else None
     pts = points(cfg)
     per: dict = {}
     settings = list(SETTINGS)
@@ -489,7 +490,7 @@ def summarize(cfg: EmbedFrontConfig, results: ResultsDir, sub: dict, source: str
         run_rec = results.load_run(label)
         e = {"kind": p["kind"], "int8": p["int8"],
              **{k: p[k] for k in ("keep_ratio", "layers", "path", "method", "options") if k in p},
-             "time": timing["points"][label],
+             "time": None if timing is None else timing["points"][label],
              "encode_cpu_s": run_rec["encode_cpu_s"], "encode_wall_s": run_rec["encode_wall_s"]}
         for s in settings:
             e[s] = rm.summarize(per[label][s], n_resamples=cfg.resamples)
@@ -501,13 +502,15 @@ def summarize(cfg: EmbedFrontConfig, results: ResultsDir, sub: dict, source: str
         for m in rm.METRICS:
             _set_holm([out_points[k][f"vs_stock_{s}"][m] for k in others])
             out_points[STOCK][f"vs_stock_{s}"][m]["pvalue_holm"] = None  # not a hypothesis
-    groups = seed_groups(per, timing["points"], n_resamples=cfg.resamples, settings=settings)
+    groups = (seed_groups(per, timing["points"], n_resamples=cfg.resamples, settings=settings)
+              if timing is not None else {"groups": {}, "pairs": {}})
     pairs = {}
     for pair in cfg.compare:  # Δ = A − B paired by query; Holm across the pairs below
         a, _, b = pair.partition("|")
         pairs[f"{a} − {b}"] = {
             "a": a, "b": b,
-            "time_ratio": timing["points"][a]["median_s"] / timing["points"][b]["median_s"],
+            "time_ratio": None if timing is None else (
+                timing["points"][a]["median_s"] / timing["points"][b]["median_s"]),
             **{s: rm.compare(per[a][s], per[b][s], n_resamples=cfg.resamples)
                for s in settings}}
     for s in settings:
@@ -520,14 +523,14 @@ def summarize(cfg: EmbedFrontConfig, results: ResultsDir, sub: dict, source: str
             "of_queries": sub["of_queries"], "of_passages": sub["of_passages"],
             "how": "evenly spaced queries; their positives plus evenly spaced other passages"},
         "model": cfg.model, "batch_size": cfg.batch_size, "max_seq_length": cfg.max_seq_length,
-        "threads": timing["env"]["threads"],
+        "threads": (timing["env"] if timing is not None else env_info())["threads"],
         "settings": {k: v for k, v in {
             "all": "queries and passages embedded by the configuration",
             "stock_index": "the configuration's queries against passages embedded by stock",
             "stock_queries": "stock's queries against passages embedded by the configuration "
                              "(documents reduced, queries whole)"}.items() if k in settings},
-        "timing": {k: timing[k] for k in ("clock", "passages", "batch_size", "repeats",
-                                          "warmup", "env")},
+        "timing": None if timing is None else {
+            k: timing[k] for k in ("clock", "passages", "batch_size", "repeats", "warmup", "env")},
         "bootstrap": {"resamples": cfg.resamples, "alpha": 0.05, "seed": 0,
                       "unit": "query (percentile CI of the mean; paired for Δ)",
                       "holm": "across the configurations, per setting and metric"},
@@ -618,10 +621,11 @@ def _delta(d: dict, scale: float = 100.0) -> str:
 
 def format_table(summary: dict) -> str:
     """The front as a markdown table (metrics in points, ×100)."""
+    clock = summary["timing"]["clock"] if summary["timing"] else None
     head = (f"{summary['queries']} queries, {summary['passages']} passages "
             f"({summary['split']}), batch {summary['batch_size']}, {summary['threads']} "
-            f"thread(s), time = median {summary['timing']['clock']} time of encode per 1,000 "
-            "passages")
+            + (f"thread(s), time = median {clock} time of encode per 1,000 passages"
+               if clock else "thread(s), not timed (quality only: timing false)"))
     docs_only = "stock_queries" in summary["settings"]
     cols = ("| configuration | s / 1k passages | × stock | nDCG@10 all | Δ all (Holm p) | "
             "nDCG@10 vs stock index | Δ vs stock index (Holm p) | "
@@ -629,7 +633,7 @@ def format_table(summary: dict) -> str:
             + "R@1 all | R@10 all |")
     lines = [head, "", cols, "|---" * (11 if docs_only else 9) + "|"]
     for label, e in summary["points"].items():
-        t = e["time"]
+        t = e["time"] or {"per_1000_passages_s": float("nan"), "relative": float("nan")}
         extra = (f"{_ci(e['stock_queries']['ndcg@10'])} | "
                  f"{_delta(e['vs_stock_stock_queries']['ndcg@10'])} | ") if docs_only else ""
         lines.append(
@@ -645,7 +649,8 @@ def format_table(summary: dict) -> str:
                   "| A − B | time A / B | " + " | ".join(f"Δ {s}" for s in settings) + " |",
                   "|---|---|" + "---|" * len(settings)]
         for n, d in summary["pairs"].items():
-            lines.append(f"| {n} | {d['time_ratio']:.2f} | "
+            ratio = "—" if d["time_ratio"] is None else f"{d['time_ratio']:.2f}"
+            lines.append(f"| {n} | {ratio} | "
                          + " | ".join(_delta(d[s]['ndcg@10']) for s in settings) + " |")
     groups = summary.get("seed_groups") or {}
     if groups.get("groups"):
@@ -707,6 +712,8 @@ def _figure(summary: dict, results: ResultsDir) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if summary["timing"] is None:  # quality only: no time axis to draw
+        return
     settings = list(summary["settings"])
     fig, axes = plt.subplots(1, len(settings), figsize=(6.5 * len(settings), 5), sharey=True)
     colors: dict = {}
