@@ -72,7 +72,10 @@ def quantize_int8(model: nn.Module, *, inplace: bool = False, backend: str = "au
     backend = _AUTO if backend == "auto" else backend
     if backend == "torchao":
         try:
-            from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+            from attnprune.hosts.compat import keeping_inductor_config
+
+            Int8DynamicActivationInt8WeightConfig, quantize_ = keeping_inductor_config(
+                _torchao_quantization)
         except ImportError as e:
             raise ValueError("backend='torchao' needs the torchao package (pip install "
                              "torchao)") from e
@@ -82,8 +85,8 @@ def quantize_int8(model: nn.Module, *, inplace: bool = False, backend: str = "au
     names = [name for name, m in model.named_modules() if _quantizable(name, m)]
     if backend == "torchao":
         wanted = set(names)
-        quantize_(model, Int8DynamicActivationInt8WeightConfig(),
-                  filter_fn=lambda m, fqn: fqn in wanted)
+        keeping_inductor_config(lambda: quantize_(model, Int8DynamicActivationInt8WeightConfig(),
+                                                  filter_fn=lambda m, fqn: fqn in wanted))
         return model
     import torch
     from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
@@ -121,3 +124,10 @@ def _conv1d_to_linear(model: nn.Module) -> None:
                     lin.bias.data.copy_(child.bias.detach())
                 lin.train(child.training)
                 setattr(parent, name, lin)
+
+
+def _torchao_quantization():
+    """torchao's int8 config class and ``quantize_`` (imported on first use)."""
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+    return Int8DynamicActivationInt8WeightConfig, quantize_

@@ -161,3 +161,20 @@ def children_dict(module: nn.Module) -> dict:
     """``module``'s direct submodules by name (the private ``_modules``: ``named_children``
     skips duplicates and ``None`` entries, and removing one needs the dict itself)."""
     return module._modules
+
+
+def keeping_inductor_config(load):
+    """``load()`` (an import of a package that sets ``torch._inductor.config`` values when first
+    imported: torchao 0.14 turns on coordinate-descent tuning, int-mm fusion and a post-grad
+    pass), then every inductor setting put back as it was: a library call must not change how
+    the user's later ``torch.compile`` calls run. Checked against torch 2.13 and torchao 0.14.1
+    (``tests/test_int8.py::test_torchao_backend``, under the config-leak fixture)."""
+    import torch._inductor.config as inductor_config
+
+    before = inductor_config.get_config_copy()
+    try:
+        return load()
+    finally:
+        for key, value in before.items():
+            if getattr(inductor_config, key, value) is not value:
+                setattr(inductor_config, key, value)
