@@ -48,6 +48,18 @@ class GraphRecorder:
         return gm.forward
 
 
+def compiled_graphs(model, **inputs) -> list:
+    """The graphs ``torch.compile(model, fullgraph=True, dynamic=False)`` makes for one call on
+    ``inputs`` (recorded, run as they are; dynamo reset before and after)."""
+    rec = GraphRecorder()
+    torch._dynamo.reset()
+    try:
+        torch.compile(model, backend=rec, fullgraph=True, dynamic=False)(**inputs)
+    finally:
+        torch._dynamo.reset()
+    return rec.graphs
+
+
 def _devices(gm) -> set[str]:
     out = set()
     for node in gm.graph.nodes:
@@ -68,15 +80,9 @@ def test_compiled_pruned_graph_holds_no_cpu_tensor(method, options):
     the graph of a model on another device had a CPU node."""
     model = attnprune.patch(_bert(device="meta"), method, after_layer=1, **options)
     ids, mask = _batch(4, 24, device="meta")
-    rec = GraphRecorder()
-    torch._dynamo.reset()
-    try:
-        torch.compile(model, backend=rec, fullgraph=True, dynamic=False)(
-            input_ids=ids, attention_mask=mask)
-    finally:
-        torch._dynamo.reset()
-    assert len(rec.graphs) == 1
-    assert _devices(rec.graphs[0]) == {"meta"}
+    graphs = compiled_graphs(model, input_ids=ids, attention_mask=mask)
+    assert len(graphs) == 1
+    assert _devices(graphs[0]) == {"meta"}
 
 
 def test_budget_makes_no_tensor_and_keeps_exact_ratios():

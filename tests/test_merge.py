@@ -336,23 +336,17 @@ def test_sync_free_merge_equals_the_cpu_path():
 
 
 def test_merge_compiles_into_one_graph_on_the_meta_device():
-    from test_compiled import GraphRecorder, _devices
     from test_compiled import _batch as c_batch
+    from test_compiled import _devices, compiled_graphs
 
     with torch.device("meta"):
         torch.manual_seed(0)
         model = BertModel(BertConfig(**SMALL)).eval()
     attnprune.patch(model, "tome", keep_ratio=0.5, schedule="linear", min_tokens=6)
     ids, mask = c_batch(4, 24, device="meta")
-    rec = GraphRecorder()
-    torch._dynamo.reset()
-    try:
-        torch.compile(model, backend=rec, fullgraph=True, dynamic=False)(
-            input_ids=ids, attention_mask=mask)
-    finally:
-        torch._dynamo.reset()
-    assert len(rec.graphs) == 1
-    assert _devices(rec.graphs[0]) == {"meta"}
+    graphs = compiled_graphs(model, input_ids=ids, attention_mask=mask)
+    assert len(graphs) == 1
+    assert _devices(graphs[0]) == {"meta"}
 
 
 # -- every encoder family --------------------------------------------------------------------
