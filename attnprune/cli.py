@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from attnprune.runs.config import ConfigError, plain, print_help
+from attnprune.runs.config import ConfigError, close_names, command_line_message, plain, print_help
 
 # command words → "module:function" taking the remaining argv
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
@@ -128,7 +128,10 @@ def command_help(words: tuple[str, ...]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv_from_process = argv is None  # the program itself, not a caller inside Python
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if not argv:  # a usage error, as argparse treats a missing command (exit 2)
+        print(_usage(), file=sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0
     for words in sorted(COMMANDS, key=len, reverse=True):
@@ -151,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
                 with sticky_ctrl_c():  # a Ctrl-C that Python drops still stops the command
                     return int(fn(rest) or 0)
             except ConfigError as e:
-                print(f"attnprune {' '.join(words)}: error: {e}", file=sys.stderr)
+                name = " ".join(words)
+                print(f"attnprune {name}: error: {command_line_message(e, rest, name)}",
+                      file=sys.stderr)
                 return 2
             except KeyboardInterrupt:
                 if argv_from_process:
@@ -168,11 +173,22 @@ def main(argv: list[str] | None = None) -> int:
         if len(argv) == 1 or argv[1] in ("-h", "--help", "help"):
             print(_group_usage(argv[0]))
             return 0
-        print(f"attnprune: unknown command {' '.join(argv[:2])!r}\n\n{_group_usage(argv[0])}",
-              file=sys.stderr)
+        print(f"attnprune: unknown command {' '.join(argv[:2])!r}{_did_you_mean(argv)}\n\n"
+              f"{_group_usage(argv[0])}", file=sys.stderr)
         return 2
-    print(f"attnprune: unknown command {' '.join(argv[:2])!r}\n\n{_usage()}", file=sys.stderr)
+    print(f"attnprune: unknown command {' '.join(argv[:2])!r}{_did_you_mean(argv)}\n\n"
+          f"{_usage()}", file=sys.stderr)
     return 2
+
+
+def _did_you_mean(argv: list[str]) -> str:
+    """``"; did you mean 'finetune'?"`` for a mistyped command word (difflib), else ``""``."""
+    if argv[0] in {w[0] for w in COMMANDS if len(w) > 1} and len(argv) > 1:  # "bench encodr"
+        group = [w[1] for w in COMMANDS if w[0] == argv[0] and len(w) > 1]
+        close = [f"{argv[0]} {c}" for c in close_names(argv[1], group, n=1)]
+    else:
+        close = close_names(argv[0], list(dict.fromkeys(w[0] for w in COMMANDS)), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 if __name__ == "__main__":  # pragma: no cover

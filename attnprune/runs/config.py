@@ -23,9 +23,10 @@ import yaml
 
 T = TypeVar("T")
 
-__all__ = ["RUN_CONTROL_KEYS", "CommandLine", "ConfigError", "check_out", "check_training_fields",
-           "config_differences", "dump_yaml", "load_config", "parse_command_line",
-           "parse_overrides", "plain", "print_help", "read_yaml", "to_dict"]
+__all__ = ["RUN_CONTROL_KEYS", "CommandLine", "ConfigError", "UnknownKeyError", "check_out",
+           "check_training_fields", "command_line_message", "config_differences", "dump_yaml",
+           "load_config", "parse_command_line", "parse_overrides", "plain", "print_help",
+           "read_yaml", "to_dict"]
 
 # Options that steer how a command runs, not what it computes: a re-run into a results folder
 # may change them (pareto's ``--phase summary``, the attention sweeps' ``--tabulate-only``, the
@@ -35,6 +36,28 @@ RUN_CONTROL_KEYS = frozenset({"progress", "phase", "tabulate_only"})
 
 class ConfigError(ValueError):
     """A bad configuration value; the message names the field."""
+
+
+class UnknownKeyError(ConfigError):
+    """A key the config class does not have: ``key``, the close ``suggestions`` (difflib) and
+    every ``known`` key, so the command line can name the option as it was typed."""
+
+    def __init__(self, key: str, cls_name: str, known: list[str]) -> None:
+        self.key, self.cls_name, self.known = key, cls_name, sorted(known)
+        self.suggestions = close_names(key, self.known)
+        hint = f"; did you mean {' or '.join(self.suggestions)}?" if self.suggestions else ""
+        super().__init__(f"{key}: unknown key for {cls_name}{hint}; known keys: "
+                         f"{', '.join(self.known)}")
+
+    def __reduce__(self):  # pickled whole (a multi-process run sends process 0's error on)
+        return type(self), (self.key, self.cls_name, self.known), self.__dict__
+
+
+def close_names(name: str, choices: list[str], n: int = 3) -> list[str]:
+    """Up to ``n`` names of ``choices`` close to the mistyped ``name`` (difflib), best first."""
+    import difflib
+
+    return difflib.get_close_matches(name, choices, n=n, cutoff=0.6)
 
 
 def parse_overrides(args: list[str]) -> dict[str, str | bool]:
@@ -81,7 +104,10 @@ def _coerce(name: str, tp: Any, value: Any) -> Any:
         raise ConfigError(errors[0] if errors else f"{name}: bad value {value!r}")
     if origin is typing.Literal:
         if value not in args:
-            raise ConfigError(f"{name}: must be one of {', '.join(map(repr, args))}, got {value!r}")
+            close = close_names(str(value), [str(a) for a in args])
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{name}: must be one of {', '.join(map(repr, args))}, "
+                              f"got {value!r}{hint}")
         return value
     if origin in (tuple, list):
         if isinstance(value, str):
@@ -155,9 +181,7 @@ def load_config(cls: type[T], path: str | os.PathLike | None = None,
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - fields)
     if unknown:
-        raise ConfigError(
-            f"{unknown[0]}: unknown key for {cls.__name__}; known keys: {', '.join(sorted(fields))}"
-        )
+        raise UnknownKeyError(unknown[0], cls.__name__, list(fields))
     values = {k: _coerce(k, hints[k], v) for k, v in data.items()}
     try:
         return cls(**values)
@@ -305,14 +329,83 @@ def print_help(doc: str | None, cls: type, default_out: str | None = "results",
 
 
 def check_out(out: str | os.PathLike) -> Path:
-    """``--out`` must name a folder (existing or not): a file there, or a file where one of
-    its parent folders should be, is a ConfigError naming --out, before any work starts."""
+    """``--out`` must name a folder (existing or not) this process can write in: a file
+    there, a file where one of its parent folders should be, or a folder where nothing can be
+    created is a ConfigError naming --out, before any work starts.
+
+    Writing is tried, not predicted from permission bits (root passes those, yet a read-only
+    mount or sysfs refuses it): an empty temporary folder is made in ``out``, or in its
+    nearest existing parent, and removed at once; nothing else is created."""
+    import tempfile
+
     p = Path(out)
     for q in (p, *p.parents):
         if q.exists() and not q.is_dir():
             what = "is a file" if q == p else f"sits below the file {q}"
             raise ConfigError(f"out: --out {p} {what}, not a folder; give a folder path")
+    base = next((q for q in (p, *p.parents) if q.is_dir()), Path.cwd())
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".attnprune-write-check-", dir=base))
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        raise ConfigError(f"out: --out {p}: cannot write in {base} ({why}); give a folder "
+                          "you can write to") from None
     return p
+
+
+def _typed_options(argv: list[str]) -> dict[str, tuple[str, str | bool]]:
+    """``{key: (the flag as typed, its value)}`` of a command line (``--keep-ratio 0.5``,
+    ``--keep_ratio=0.5``); arguments that are not options are left out."""
+    out: dict[str, tuple[str, str | bool]] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        i += 1
+        if not a.startswith("--") or a == "--":
+            continue
+        flag, eq, value = a.partition("=")
+        if not eq:
+            value = True
+            if i < len(argv) and not (argv[i].startswith("--") and len(argv[i]) > 2):
+                value = argv[i]
+                i += 1
+        out[flag[2:].replace("-", "_")] = (flag, value)
+    return out
+
+
+def command_line_message(error: ConfigError, argv: list[str], command: str) -> str:
+    """``error`` as the user of ``attnprune <command> argv`` should read it: a field that came
+    from the command line is named by the option typed (``--keep-ratio``, not
+    ``keep_ratio[0]``; ``--keep-ratios (value 2 of 3)`` for one of several comma-separated
+    values), and an unknown option is named with the close ones (difflib). Only errors of
+    reading the options (:func:`parse_command_line`) are renamed: a field that came from a
+    YAML file or a resumed folder keeps its key name, which is what was written there, and a
+    command's later errors (its data, its model) say what they say."""
+    import re
+
+    if not getattr(error, "from_command_line", False):
+        return str(error)
+    typed = _typed_options(argv)
+    if isinstance(error, UnknownKeyError) and error.key in typed:
+        flag = typed[error.key][0]
+        close = [f"--{s.replace('_', '-')}" for s in error.suggestions]
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        return f"{flag}: unknown option{hint} ('attnprune {command} --help' lists them all)"
+    text = str(error)
+    m = re.match(r"(\w+)(?:\[(\d+)\])?(?::\s*|\s+(?=\S))", text)
+    if not m or m.group(1) not in typed:
+        return text
+    flag, value = typed[m.group(1)]
+    rest = text[m.end():]
+    if flag in rest:  # the message names the option itself ("out: --out DIR is a file")
+        return text
+    if m.group(2) is not None:
+        if not isinstance(value, str) or value.lstrip().startswith(("[", "{")):
+            return text  # a YAML list typed whole: its index is what the user wrote
+        values = [v for v in value.split(",") if v]
+        if len(values) > 1:
+            flag = f"{flag} (value {int(m.group(2)) + 1} of {len(values)})"
+    return f"{flag}: {rest}"
 
 
 def parse_command_line(argv: list[str], cls: type[T], default_out: str = "results",
@@ -330,6 +423,15 @@ def parse_command_line(argv: list[str], cls: type[T], default_out: str = "result
     if "--help" in argv or "-h" in argv:  # a command run as ``python -m`` documents itself too
         print_help(sys.modules[cls.__module__].__doc__, cls, default_out)
         raise SystemExit(0)
+    try:
+        return _parse_command_line(argv, cls, default_out, defaults)
+    except ConfigError as e:
+        e.from_command_line = True  # command_line_message may name its options as typed
+        raise
+
+
+def _parse_command_line(argv: list[str], cls: type[T], default_out: str,
+                        defaults: dict[str, Any] | None) -> CommandLine:
     opts = parse_overrides(argv)
     config_path = opts.pop("config", None)
     if config_path is True:
