@@ -146,11 +146,12 @@ def main(argv: list[str] | None = None) -> int:
             rest = argv[len(words):]
             if "-h" in rest or "--help" in rest:
                 return command_help(words)
+            from attnprune.runs.results import last_run_dir, sticky_ctrl_c
+
+            last_run_dir(forget=True)  # a folder of an earlier command in this process
             try:
                 if not argv_from_process:
                     return int(fn(rest) or 0)
-                from attnprune.runs.results import sticky_ctrl_c
-
                 with sticky_ctrl_c():  # a Ctrl-C that Python drops still stops the command
                     return int(fn(rest) or 0)
             except ConfigError as e:
@@ -165,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                     import signal
 
                     signal.signal(signal.SIGINT, signal.SIG_IGN)
-                print("\ninterrupted: finished runs are saved; rerun with the same --out to resume",
-                      file=sys.stderr)
+                print(f"\n{_interrupted(words)}", file=sys.stderr)
                 return 130
     groups = {w[0] for w in COMMANDS if len(w) > 1}
     if argv[0] in groups:  # "attnprune bench", "attnprune bench --help", "attnprune bench x"
@@ -179,6 +179,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"attnprune: unknown command {' '.join(argv[:2])!r}{_did_you_mean(argv)}\n\n"
           f"{_usage()}", file=sys.stderr)
     return 2
+
+
+def _interrupted(words: tuple[str, ...]) -> str:
+    """The one line a Ctrl-C ends a command with. Where it had opened a results folder, the
+    exact command that resumes it: ``--out`` that folder (its config.yaml supplies the
+    options); the ``--out`` first given would make a new timestamped folder and start over."""
+    import shlex
+
+    from attnprune.runs.results import last_run_dir
+
+    folder = last_run_dir()
+    if folder is None or not (folder / "config.yaml").is_file():
+        return "interrupted before any results were saved"
+    return (f"interrupted: finished runs are saved in {folder}; resume with: "
+            f"attnprune {' '.join(words)} --out {shlex.quote(str(folder))}")
 
 
 def _did_you_mean(argv: list[str]) -> str:

@@ -27,10 +27,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ResultsDir", "atomic_write_bytes", "atomic_write_text", "make_run_dir",
-           "sticky_ctrl_c"]
+__all__ = ["ResultsDir", "atomic_write_bytes", "atomic_write_text", "last_run_dir",
+           "make_run_dir", "sticky_ctrl_c"]
 
 _CTRL_C = False  # a Ctrl-C came while sticky_ctrl_c was on
+_LAST_RUN_DIR: Path | None = None  # the results folder make_run_dir made or opened last
 
 
 def _on_ctrl_c(signum, frame) -> None:
@@ -58,11 +59,50 @@ def sticky_ctrl_c():
     _CTRL_C = False
     signal.signal(signal.SIGINT, _on_ctrl_c)
     try:
-        yield
+        with _children_leave_ctrl_c():
+            yield
     finally:
         if signal.getsignal(signal.SIGINT) is _on_ctrl_c:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         _CTRL_C = False
+
+
+@contextlib.contextmanager
+def _children_leave_ctrl_c():
+    """While on: a process started with ``multiprocessing`` (a worker pool's, a DataLoader's)
+    ignores Ctrl-C from its first instruction, and leaves it to this process.
+
+    A terminal's Ctrl-C reaches every process of the foreground group. A ``spawn`` worker
+    imports torch and the command's modules for seconds before its own code can set SIGINT
+    aside; one caught there died printing a 20-line KeyboardInterrupt traceback under the
+    command's one line. An ignored signal stays ignored across fork and exec, and Python
+    leaves an ignored SIGINT alone at start-up, so SIGINT is ignored while each process is
+    started. It is blocked first on this thread, so a Ctrl-C in that moment waits (blocked
+    signals are kept pending on Linux even while ignored) and lands once the handler is back.
+    The parent stops its workers itself (terminate, or a pool's shutdown)."""
+    import multiprocessing.process
+    import signal
+    import threading
+
+    cls = multiprocessing.process.BaseProcess
+    stock = cls.start
+
+    def start(self):
+        if threading.current_thread() is not threading.main_thread():
+            return stock(self)  # signal.signal works on the main thread only
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return stock(self)
+        finally:
+            signal.signal(signal.SIGINT, handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    cls.start = start
+    try:
+        yield
+    finally:
+        cls.start = stock
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -118,9 +158,11 @@ def _jsonable(x: Any) -> Any:
 def make_run_dir(out: str | os.PathLike, command: str, exact: bool = False) -> Path:
     """``out/<command>-<YYYYmmdd-HHMMSS>`` (new), or ``out`` itself with ``exact=True``
     (which is how a run is resumed)."""
+    global _LAST_RUN_DIR
     out = Path(out)
     if exact:
         out.mkdir(parents=True, exist_ok=True)
+        _LAST_RUN_DIR = out
         return out
     slug = re.sub(r"[^a-z0-9]+", "-", command.lower()).strip("-")
     path = out / f"{slug}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -129,7 +171,20 @@ def make_run_dir(out: str | os.PathLike, command: str, exact: bool = False) -> P
         n += 1
         path = out / f"{slug}-{time.strftime('%Y%m%d-%H%M%S')}-{n}"
     path.mkdir(parents=True)
+    _LAST_RUN_DIR = path
     return path
+
+
+def last_run_dir(forget: bool = False) -> Path | None:
+    """The results folder :func:`make_run_dir` made (or opened) last in this process: what an
+    interrupted command tells its user to pass as ``--out`` to resume (a new timestamped
+    folder is made inside the ``--out`` given, so that ``--out`` would start over).
+    ``forget=True`` returns it and forgets it (the command line, before each command)."""
+    global _LAST_RUN_DIR
+    folder = _LAST_RUN_DIR
+    if forget:
+        _LAST_RUN_DIR = None
+    return folder
 
 
 class ResultsDir:
