@@ -31,7 +31,9 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
                   "accuracy–latency front: full, layer-drop, int8, token pruning, composed"),
     ("embed-front",): ("attnprune.research.embed_front:main",
                         "sentence embeddings: pruned vs depth vs ONNX int8 on the retrieval benchmark"),
-    ("lm",): ("attnprune.research.lm:main", "train / evaluate a causal LM (GPT-2 family) with a method"),
+    ("lm",): ("attnprune.research.lm:main",
+              ("train / evaluate a causal LM with a method: GPT-2, Llama, Mistral, Qwen2, Qwen3, "
+               "Gemma, Gemma2, Phi-3")),
     ("bench", "encoder"): ("attnprune.bench.encoder:main", "speed and FLOPs of token pruning on an encoder"),
     ("bench", "attention"): ("attnprune.bench.attention:main", "speed of attention-level methods"),
     ("bench", "lm"): ("attnprune.bench.lm:main", "speed and FLOPs of causal-LM token pruning"),
@@ -76,8 +78,9 @@ def config_class(module) -> type | None:
 
 
 def methods_main(argv: list[str]) -> int:
-    """List the registered methods, one line each: name, kind (token or attention) and
-    summary. No options."""
+    """List the registered methods, one line each: name, kind and summary. The kind says
+    where a method acts: token (between layers: drops tokens), attention (inside attention:
+    masks or scales scores) or loss (in the loss: an auxiliary penalty). No options."""
     if "-h" in argv or "--help" in argv:
         import inspect
 
