@@ -165,6 +165,11 @@ __all__ = [
 # selection.group_overhead_slots(d, block="encoder") replaced it.
 GROUP_OVERHEAD_PER_THREAD = 24
 SCORER_KERNELS = ("matmul", "sdpa")  # how the exact "received" scorer runs (patch_hf_encoder)
+# The most attention probabilities the scorer holds at once on the sync-free path (and in a
+# compiled graph of concrete shapes): 2^24, 64 MB in float32, so its logits and probabilities
+# stay within 256 MB of the full forward's peak at any length (issue 46: at B 8 × T 2,048 ×
+# 12 heads the one-piece scorer held 1.5 GB); 24 blocks there, each large enough for a GPU.
+SCORER_BLOCK = 1 << 24
 REDUCE = ("drop", "merge")  # what happens to the tokens a selection does not keep
 # Rows with fewer real tokens than this stay whole in a SentenceTransformer that merges (its
 # min_tokens default): short texts lose most by any reduction (a 9-token query keeps 4 at
@@ -564,11 +569,15 @@ class HFEncoderState(PatchState):
                 w = mask.to(q.dtype) / mask.sum(1, keepdim=True).clamp_min(1).to(q.dtype)
             if getattr(self, "scorer_kernel", "matmul") == "sdpa" and extra is None and not run.training:
                 out = _received_fused(qq, k.view(B, L, H, dh).transpose(1, 2), bias, w)
-            elif run.static:  # one piece: range() over a symbolic batch size would fix it
+            elif run.static and not (B * H * R * L > SCORER_BLOCK
+                                     and all(isinstance(v, int) for v in (B, R, L))):
+                # one piece: range() over a symbolic size would fix it; concrete shapes (a
+                # bucketed compile) above the block go in blocks below, like the eager path
                 out = torch.einsum("bhij,bi->bhj", torch.softmax(scores(0, B), -1).view(
                     B, H, R, L), w)[:, :, None, :]
-            elif run.sync_free:  # few large launches (a GPU): ≤ 2^28 probabilities at once
-                out = self._received(scores, w, B, H, R, L, budget=1 << 28, row_budget=1 << 28)
+            elif run.sync_free or run.static:  # few large launches (a GPU), each ≤ the block
+                out = self._received(scores, w, B, H, R, L, budget=SCORER_BLOCK,
+                                     row_budget=SCORER_BLOCK)
             else:
                 out = self._received(scores, w, B, H, R, L)
         run.call.scorer_time_s += _clock(run) - t0
@@ -590,7 +599,7 @@ class HFEncoderState(PatchState):
         for lo in range(0, B, step):
             hi = min(lo + step, B)
             b = hi - lo
-            acc = w.new_zeros(b * H, 1, L)
+            acc = w.new_zeros(b * H, 1, L, dtype=torch.float32)  # bf16 sums of blocks drift
             for r0 in range(0, R, block):
                 p = torch.softmax(scores(lo, hi, r0, r0 + block), -1)  # (b·H, r, L)
                 wr = w[lo:hi, None, r0:r0 + block].expand(b, H, -1).reshape(b * H, 1, -1)
@@ -598,7 +607,7 @@ class HFEncoderState(PatchState):
                 # bf16, and an in-place baddbmm_ into the accumulator then raised "Bad
                 # in-place call: input tensor dtype BFloat16 and output tensor dtype float".
                 acc = acc + torch.bmm(wr.to(p.dtype), p).to(acc.dtype)
-            parts.append(acc.view(b, H, 1, L))
+            parts.append(acc.view(b, H, 1, L).to(w.dtype))
         return torch.cat(parts)
 
 
@@ -669,7 +678,9 @@ def _received_fused(q: Tensor, k: Tensor, bias: Tensor, w: Tensor) -> Tensor:
     lse = sdpa_logsumexp(q, k, bias)  # (B, H, L) float32
     floor = torch.finfo(q.dtype).min  # w_i = 0 (padding): weight ≈ e^−∞, never a NaN row
     wf = w.float()[:, None, :]
-    swapped = torch.where(wf > 0, wf.clamp_min(1e-38).log() - lse, floor)[:, :, None, :]
+    # contiguous: the broadcast leaves its last stride at H, and the CPU kernel then copies the
+    # bias out to (B, H, L, L) (1.5 GB at B 8 × T 2,048 × 12 heads, measured)
+    swapped = torch.where(wf > 0, wf.clamp_min(1e-38).log() - lse, floor).contiguous()[:, :, None, :]
     # the second pass in float32: its bias (log w_i − ℓ_i ≈ −log L − ℓ_i) rounded to bf16
     # moved weights by ~4 % and changed 1–2 % of the kept tokens (measured, MiniLM shape)
     return sdpa_logsumexp(k.float(), q.float(), swapped).exp()[:, :, None, :]
