@@ -221,3 +221,41 @@ def test_a_models_first_cell_is_expected_to_take_the_longest_cell_so_far(tmp_pat
     assert all(r["ms"] is not None for r in rows if r["model"] == "tiny" and r["point"] != "int8")
     (skipped,) = [r for r in rows if r["model"] == "minilm"]
     assert skipped["note"] == "skipped: deadline (5 s left, a cell takes ≈ 10 s)"
+
+
+def test_cudagraphs_mode_captures_every_point_and_notes_what_it_cannot(tmp_path, monkeypatch):
+    """cudagraphs=true (issue 46, item 3): on the CPU the capture path runs with the eager
+    stand-in and every row says so; each point's first call (warm-up and capture) is
+    ``capture_s``; every point's graph is dropped after its cell; a point whose forward cannot
+    be captured (here the half-depth model patched with a threshold method, which reads its
+    kept count back) is a row naming the cause, and the others are timed."""
+    from attnprune import api
+    from attnprune.bench import gpu
+    from attnprune.deploy import compiled
+
+    resets = []
+    real_reset = compiled.CUDAGraphRunner.reset
+    monkeypatch.setattr(compiled.CUDAGraphRunner, "reset",
+                        lambda self: (resets.append(len(self.graphs)), real_reset(self)))
+    real_shallow = gpu._shallow
+    monkeypatch.setattr(gpu, "_shallow",
+                        lambda m, n: api.patch(real_shallow(m, n), "ltp", keep_ratio=0.5))
+    assert main([*TINY, "--cudagraphs", "true", "--cells", "[2x16,1x24]", "--out",
+                 str(tmp_path)]) == 0
+    rows = _summary(tmp_path)["rows"]
+    timed = [r for r in rows if r["ms"] is not None]
+    assert {r["point"] for r in timed} == {"full", "mean@0.5/L1", "int8"}
+    assert len(timed) == 6
+    for r in timed:
+        assert r["capture_s"] > 0 and "compile_s" not in r
+        assert r["note"].startswith("dry run: no CUDA graph")
+    (failed, _) = [r for r in rows if r["point"] == "layers=2"]
+    assert failed["ms"] is None
+    assert "'ltp' decides its kept count" in failed["note"] and "CUDA graph" in failed["note"]
+    assert resets == [1] * 6  # every captured point's graph dropped after its cell
+    assert _summary(tmp_path)["config"]["cudagraphs"] is True
+
+
+def test_cudagraphs_and_compile_are_one_mode_a_run():
+    with pytest.raises(ValueError, match="cudagraphs"):
+        BenchGPUConfig(compile=True, cudagraphs=True)

@@ -24,6 +24,14 @@ device's path (:func:`attnprune.hosts.hf_encoder.sync_free`: on a GPU, no host r
 reference), in ``compile_mode`` ("reduce-overhead": CUDA graphs, for launch-bound shapes),
 one shape at a time (``dynamic=False``; dynamo is reset after each cell, which frees its
 graphs), and records each point's first call (compilation included) as ``compile_s``.
+``cudagraphs=true`` times every encoder point (the full model too) as a CUDA graph captured
+without inductor (:class:`attnprune.deploy.compiled.CUDAGraphRunner`: a warm-up on a side
+stream, one capture per point and cell, the inputs copied in, each call one replay), the
+pruned points on the host's sync-free path, and records each point's first call (warm-up and
+capture) as ``capture_s``; a point that cannot be captured (a host sync in its forward, an
+int8 kernel that refuses capture) is a row with the reason, and the others are timed. Without
+CUDA (the dry run) the same code runs with an eager stand-in for the graph
+(``EagerGraph``), and each row says so. The decoder prefill stays eager in every mode.
 
 The grid is ``batch_sizes`` × ``lengths``, or ``cells`` ("BxT", run in the order given, so the
 shapes that matter most come first). ``deadline_s`` bounds the whole run: a cell starts only if
@@ -143,6 +151,9 @@ class BenchGPUConfig:
     # torch.compile's mode: "reduce-overhead" records CUDA graphs, so a forward's many small
     # kernels launch as one replay (what a launch-bound forward needs, measured on an H200)
     compile_mode: str = "default"
+    # every encoder point captured as a CUDA graph without torch.compile (issue 46): capture
+    # costs seconds where inductor costs ≈ 80 s a cell; not with compile=true (one mode a run)
+    cudagraphs: bool = False
     max_tokens: int = 65536  # skip (B, T) with B·T above this (memory of the scorer's A)
     cells: tuple[str, ...] = ()  # "BxT" in the order to run; empty: batch_sizes × lengths
     deadline_s: float = 0.0  # the whole run's wall-clock budget; 0: none
@@ -184,6 +195,9 @@ class BenchGPUConfig:
             if k not in SCORER_KERNELS:
                 raise ValueError(f"scorer_kernels: each one of {', '.join(SCORER_KERNELS)}, "
                                  f"got {k!r}")
+        if self.compile and self.cudagraphs:
+            raise ValueError("cudagraphs: one graph mode a run; cudagraphs=true captures the "
+                             "model without torch.compile, so give compile=false with it")
         if self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode: one of {', '.join(COMPILE_MODES)}, got "
                              f"{self.compile_mode!r}")
@@ -277,6 +291,11 @@ def _graphs(cfg: BenchGPUConfig) -> bool:
 
 
 def _maybe_compile(fn, cfg: BenchGPUConfig):
+    if cfg.cudagraphs:  # outputs not cloned: each point's are dropped, like eager's
+        from attnprune.deploy.compiled import CUDAGraphRunner, EagerGraph
+
+        return CUDAGraphRunner(fn, clone=False,
+                               graph=None if cfg.device.startswith("cuda") else EagerGraph)
     if not cfg.compile:
         return fn
     from attnprune.hosts.compat import fix_transformers_exporting
@@ -311,8 +330,11 @@ def _step(fn, graphs: bool):
     return step
 
 
-def _reset_compiled(cfg: BenchGPUConfig) -> None:
-    """Drop the compiled graphs (and their CUDA-graph memory) of the cell just timed."""
+def _reset_compiled(cfg: BenchGPUConfig, runners: list | None = None) -> None:
+    """Drop the compiled graphs (and their CUDA-graph memory) of the cell just timed: dynamo's,
+    or the captured graphs of ``runners``."""
+    for r in runners or ():
+        r.reset()
     if cfg.compile:
         reset = getattr(torch.compiler, "reset", None)
         if reset is not None:
@@ -327,16 +349,18 @@ def _points(cfg: BenchGPUConfig, shape: str, dtype, positions: int) -> dict:
     base, weights = _encoder(shape, positions, dtype, cfg.device)
     n = cfg.layers or max(1, base.config.num_hidden_layers // 2)
     models = {"full": base}
+    # captured graphs need the sync-free path: the default on a GPU, asked for on the dry run
+    free = {"sync_free": True} if cfg.cudagraphs else {}
     for rho in cfg.keep_ratios:
         for kernel in cfg.scorer_kernels:
             m = copy.deepcopy(base)
             api.patch(m, "attention_mass", keep_ratio=rho, after_layer=cfg.after_layer,
-                      scorer_kernel=kernel)
+                      scorer_kernel=kernel, **free)
             suffix = "" if kernel == "matmul" else f"/{kernel}"
             models[f"mean@{rho:g}/L{cfg.after_layer}{suffix}"] = m
     for point in cfg.merge_points:
         name, method, options = merge_patch(*parse_merge_point(point), cfg.after_layer)
-        models[name] = api.patch(copy.deepcopy(base), method, **options)
+        models[name] = api.patch(copy.deepcopy(base), method, **options, **free)
     models[f"layers={n}"] = _shallow(base, n)
     q, why = _int8(base, cfg.device)
     if q is not None:
@@ -350,18 +374,23 @@ def _note_rows(shape: str, B: int, T: int, points, note: str) -> list[dict]:
              "note": note} for p in points]
 
 
-def _first_calls(cfg: BenchGPUConfig, models: dict, ids) -> tuple[dict, dict, dict]:
-    """Each point's step function after one call (compilation included): (fns, first-call
-    seconds, notes of the points that failed, which are left out)."""
+def _first_calls(cfg: BenchGPUConfig, models: dict, ids,
+                 runners: list | None = None) -> tuple[dict, dict, dict]:
+    """Each point's step function after one call (compilation or capture included): (fns,
+    first-call seconds, notes of the points that failed, which are left out). ``runners``
+    gets each point's CUDA-graph runner (cudagraphs=true), to be reset after the cell."""
+    from attnprune.deploy.compiled import CUDAGraphRunner
     from attnprune.measure import synchronize
 
     graphs = _graphs(cfg)
     fns, first, failed = {}, {}, {}
     for name, m in models.items():
-        fwd = _maybe_compile(m, cfg)
-        fn = _step(lambda f=fwd, x=ids: f(input_ids=x), graphs)
         t0 = time.perf_counter()
         try:
+            fwd = _maybe_compile(m, cfg)  # a model a graph cannot capture is refused here
+            if runners is not None and isinstance(fwd, CUDAGraphRunner):
+                runners.append(fwd)
+            fn = _step(lambda f=fwd, x=ids: f(input_ids=x), graphs)
             with torch.inference_mode():
                 fn()
             synchronize("cuda" if cfg.device.startswith("cuda") else None)
@@ -381,22 +410,28 @@ def _encoder_cell(cfg: BenchGPUConfig, shape: str, pts: dict, B: int, T: int) ->
                                                "positions")
     g = torch.Generator().manual_seed(B * 7919 + T)
     ids = torch.randint(1000, 30000, (B, T), generator=g).to(cfg.device)
-    fns, first, failed = _first_calls(cfg, models, ids)
+    runners: list = []
+    fns, first, failed = _first_calls(cfg, models, ids, runners)
     rows = [r for p, why in failed.items() for r in _note_rows(shape, B, T, [p], why)]
     if "full" not in fns:
-        _reset_compiled(cfg)
+        _reset_compiled(cfg, runners)
         return rows
     if cfg.profile:
         rows = [_profile(cfg, fn, shape, B, T, name) for name, fn in fns.items()] + rows
-        _reset_compiled(cfg)
+        _reset_compiled(cfg, runners)
         return rows
     timed = _timed_rows(cfg, fns, shape, B, T)
     if cfg.compile:
         for r in timed:
             r["compile_s"] = first[r["point"]]
+    if cfg.cudagraphs:
+        for r in timed:
+            r["capture_s"] = first[r["point"]]
+            if not cfg.device.startswith("cuda"):
+                r["note"] = "dry run: no CUDA graph on the CPU (an eager stand-in replayed it)"
     if not pts["int8_ok"]:
         rows += _note_rows(shape, B, T, ["int8"], pts["int8"])
-    _reset_compiled(cfg)
+    _reset_compiled(cfg, runners)
     return timed + rows
 
 

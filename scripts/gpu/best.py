@@ -4,7 +4,9 @@ the same cell; the per-mode times beside it.
 
     python scripts/gpu/best.py OUT.md MODE=summary.json [MODE=summary.json ...]
 
-e.g. ``eager=bench/grid/summary.json inductor-cudagraphs=bench/compiled/summary.json``. A
+e.g. ``eager=bench/grid/summary.json cudagraphs=bench/cudagraphs/summary.json
+inductor-cudagraphs=bench/compiled/summary.json`` (``cudagraphs``: each point captured without
+inductor, ``bench gpu --cudagraphs true``; a summary that is missing is left out). A
 point timed in one mode only is compared as it is (its mode is shown); a cell whose full model
 was not timed has no ratios.
 """

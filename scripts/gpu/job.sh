@@ -12,6 +12,9 @@
 #               full, attention_mass mean ρ 0.25 / 0.5 after layer 1 (drop), tome ρ 0.5 / 0.25
 #               linear after layer 1, attention_mass ρ 0.25/L1 with reduce="merge", half the
 #               layers, int8 (torchao where installed)
+#     cudagraphs    the same grid, every point captured as a CUDA graph without inductor
+#               (attnprune.deploy.compiled.CUDAGraphRunner: seconds a point, where inductor
+#               takes ≈ 80 s a cell), cells in the grid's order while its time lasts
 #     prefill   decoder time to first token, Llama-style 8 layers width 1024, 16k / 32k / 8k / 2k
 #               tokens: full vs FastV / GemFilter 0.25 / 0.5 vs half the layers
 #     profile   torch.profiler top ops per point, BERT-base 32 × 512 and 1 × 512, eager
@@ -21,7 +24,8 @@
 #               every failure
 #     compiled  the grid through torch.compile(mode="reduce-overhead") on the target shapes
 #               (32 × 512 and 1 × 512), with whatever time is left; then best.md: each point
-#               at its best mode, ratios best against best (scripts/gpu/best.py)
+#               at its best of eager, CUDA graphs and inductor, ratios best against best
+#               (scripts/gpu/best.py)
 #   PART=long (≤ 5 min: TOTAL_S=270)
 #     long      scripts/train_long_tasks.py: 2 seeds of the deep model and 2 of half its layers
 #               at once, recipe scripts/gpu/long_recipe.sh (--min-length fits every task:
@@ -126,6 +130,14 @@ if [[ $PART == bench ]]; then
   step grid "$s" "${GPU[@]}" --compile false --models "$MODELS" --cells "$CELLS" \
     --repeats 30 --deadline-s "$(inner "$s")" --out "$W/grid"
 
+  # 1b. the grid again as CUDA graphs, no inductor (capture: seconds a point; the dry run
+  #     replays an eager stand-in); what it does not reach is written as skipped
+  GMODELS=$MODELS GCELLS=$CELLS
+  if [[ $QUICK == true ]]; then GMODELS=[bert-base] GCELLS=[32x512]; fi  # a loaded CPU: one cell
+  s=$(budget "${CUDAGRAPHS_S:-$([[ $QUICK == true ]] && echo 120 || echo 60)}" 220)
+  step cudagraphs "$s" "${GPU[@]}" --compile false --cudagraphs true --models "$GMODELS" \
+    --cells "$GCELLS" --repeats 30 --deadline-s "$(inner "$s")" --out "$W/cudagraphs"
+
   # 2. decoder prefill up to 32k tokens
   s=$(budget "${PREFILL_S:-120}" 130)
   step prefill "$s" python3 -m attnprune.bench.prefill --device "$DEVICE" --dtype "$DTYPE" \
@@ -143,6 +155,8 @@ if [[ $PART == bench ]]; then
   s=$(budget "$(( ${TESTS_S:-50} * QT ))" 45)
   ATTNPRUNE_TEST_TIMEOUT=${TEST_TIMEOUT:-60} ATTNPRUNE_TEST_DEADLINE_S=$(( s > 15 ? s - 15 : 1 )) \
     step tests_cuda "$s" python3 -m pytest -q -rfE -p no:cacheprovider "${TEST_ARGS[@]}" \
+    tests/test_cudagraphs.py::test_cuda_capture_equals_eager_and_keeps_results \
+    tests/test_cudagraphs.py::test_cuda_capture_of_a_host_sync_names_the_cause \
     tests/test_sync_free.py tests/test_dtypes.py tests/test_measure.py tests/test_fused_scorer.py \
     -k "cuda or timers"
   s=$(budget "$(( ${TESTS_COMPILE_S:-60} * QT ))" 15)
@@ -166,7 +180,8 @@ if [[ $PART == bench ]]; then
   fi
   # best against best: each point at its best mode, ratios to the full model's best
   timeout 30 python3 scripts/gpu/best.py "$W/best.md" eager="$W/grid/summary.json" \
-    inductor-cudagraphs="$W/compiled/summary.json" 2>&1 | tee -a "$W/STEPS.txt"
+    cudagraphs="$W/cudagraphs/summary.json" inductor-cudagraphs="$W/compiled/summary.json" \
+    2>&1 | tee -a "$W/STEPS.txt"
 else
   # shellcheck source=scripts/gpu/long_recipe.sh
   source scripts/gpu/long_recipe.sh
