@@ -230,7 +230,7 @@ def test_job_scripts_parse_and_name_what_exists():
         assert path in text and (REPO / path).is_file(), path
     for test in ("tests/test_export_flag.py", "tests/test_compiled.py", "tests/test_sync_free.py",
                  "tests/test_merge.py", "tests/test_dtypes.py", "tests/test_measure.py",
-                 "tests/test_fused_scorer.py"):
+                 "tests/test_fused_scorer.py", "tests/test_cudagraphs.py"):
         assert test in text and (REPO / test).is_file(), test
     old = [p.name for p in (REPO / "scripts").glob("gpu_*.sh")]
     assert old == [], f"issue-numbered GPU scripts are back: {old}"

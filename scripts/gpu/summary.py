@@ -23,7 +23,7 @@ def summary(w: Path, part: str, tarball: Path, pack_rc: str, took: str) -> str:
     out.append("steps:")
     steps = w / "STEPS.txt"
     out += ["  " + ln for ln in (steps.read_text().splitlines() if steps.is_file() else [])]
-    for name in ("grid", "compiled", "prefill", "profile"):
+    for name in ("grid", "cudagraphs", "compiled", "prefill", "profile"):
         f = w / name / "summary.json"
         if f.is_file():
             rows = json.loads(f.read_text()).get("rows", [])
