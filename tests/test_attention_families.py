@@ -40,9 +40,12 @@ ARCHS = {
     "qwen2": (lambda: tf.Qwen2Config(**_DEC), tf.Qwen2ForCausalLM),
     "qwen3": (lambda: tf.Qwen3Config(**_DEC, head_dim=8), tf.Qwen3ForCausalLM),
     "gemma": (lambda: tf.GemmaConfig(**_DEC, head_dim=8), tf.GemmaForCausalLM),
-    # layer 0 sliding (window 4), layer 1 global; softcap 5 bends the tiny model's scores
+    # layer 0 sliding (window 4), layer 1 global; softcap 5 bends the tiny model's scores.
+    # eager: transformers 5.17 picks sdpa for gemma2, which drops the softcap without a word
+    # (5.24 refuses sdpa for it), so the stock reference would lack the family's own term
     "gemma2": (lambda: tf.Gemma2Config(**_DEC, head_dim=8, sliding_window=4,
-                                       query_pre_attn_scalar=8, attn_logit_softcapping=5.0),
+                                       query_pre_attn_scalar=8, attn_logit_softcapping=5.0,
+                                       attn_implementation="eager"),
                tf.Gemma2ForCausalLM),
     "phi3": (lambda: tf.Phi3Config(**_DEC), tf.Phi3ForCausalLM),
     "gpt2": (lambda: tf.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64,

@@ -1,12 +1,14 @@
 """The compiled full model runs a fused SDPA kernel on an unpadded batch (issue 46, item 1).
 
-transformers ≤ 5.17 asks ``torch.compiler.is_exporting()`` before dropping the all-ones mask of
-an unpadded batch; torch 2.11's dynamo answers True inside any compile (``fake_exporting`` in
-conftest reproduces it here), so the compiled graph handed SDPA an expanded (B, 1, T, T) bool
-mask with a stride-0 last dimension, which no fused CUDA kernel takes (the math path, in fp32,
-on the H200). These tests read the compiled graph's SDPA calls and fail on such a mask;
-``compat.fix_transformers_exporting`` (applied by ``attnprune.compile`` and ``bench gpu
---compile``) makes the mask None, as in eager.
+transformers 5.24 asks ``torch.compiler.is_exporting()`` before dropping the all-ones / absent
+mask of an unpadded batch; torch 2.11's dynamo answers True inside any compile (``fake_exporting``
+in conftest reproduces it here). transformers 5.17 (the GPU image's) asks
+``is_tracing(padding_mask)`` instead, True inside any compile on every torch. Either way the
+compiled graph handed SDPA an expanded (B, 1, T, T) bool mask with a stride-0 last dimension,
+which no fused CUDA kernel takes (the math path, in fp32, on the H200). These tests read the
+compiled graph's SDPA calls and fail on such a mask; ``compat.fix_transformers_exporting``
+(applied by ``attnprune.compile`` and ``bench gpu --compile``) makes the mask None, as in eager.
+``make test-transformers-5.17`` runs them under 5.17 too.
 """
 
 from __future__ import annotations
@@ -90,13 +92,13 @@ def test_unpadded_batch_gets_no_expanded_mask_under_torch211(with_mask, fixed, f
 
 
 def test_the_check_catches_torch211s_expanded_mask(fake_exporting, monkeypatch):
-    """Without the fix, under the fake: the mask transformers builds is expanded."""
+    """Without the fix, under the fake: the mask transformers builds is expanded (on 5.17 with
+    or without the fake)."""
     from transformers import masking_utils
     from transformers.utils import import_utils
 
-    if getattr(masking_utils, "is_torchdynamo_exporting", None) is None:
-        pytest.skip("this transformers has no is_torchdynamo_exporting")
     # the original, whatever an attnprune.compile earlier in the session left there
-    monkeypatch.setattr(masking_utils, "is_torchdynamo_exporting",
-                        import_utils.is_torchdynamo_exporting)
+    name = ("is_torchdynamo_exporting" if hasattr(masking_utils, "is_torchdynamo_exporting")
+            else "is_tracing")  # transformers 5.17
+    monkeypatch.setattr(masking_utils, name, getattr(import_utils, name))
     assert bad_masks(_compiled_masks(False)), "expected the stride-0 mask of torch 2.11"

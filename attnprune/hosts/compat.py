@@ -85,31 +85,57 @@ def exporting() -> bool:
 
 
 def fix_transformers_exporting():
-    """Make transformers' mask builders ask :func:`exporting` instead of
-    ``torch.compiler.is_exporting()`` (``masking_utils.is_torchdynamo_exporting``, checked on
-    5.17 and 5.24); returns a function that puts the original back. Idempotent.
+    """Make transformers' mask builders drop the mask of an unpadded batch under
+    ``torch.compile`` as they do in eager, and keep it under torch.export; returns a function
+    that puts the original back. Idempotent. Same answer as before outside a compile.
 
-    On torch 2.11, under ``torch.compile``, transformers then believes it is exporting: it never
-    drops the all-ones / absent mask of an unpadded batch and hands SDPA an expanded
-    (B, 1, T, T) bool mask whose last stride is 0, which no fused CUDA kernel accepts (the math
-    path, in fp32: 2.2× slower than eager on an H200, issue 46). With the flag, the mask of an
-    unpadded batch is None, as in eager. Same answer as before wherever torch is not faked."""
+    - transformers 5.24 asks ``torch.compiler.is_exporting()``
+      (``masking_utils.is_torchdynamo_exporting``), which dynamo answers True inside any compile
+      up to torch 2.11: it is replaced by :func:`exporting`.
+    - transformers 5.17 asks ``masking_utils.is_tracing(padding_mask)``, which is True inside
+      any compile on every torch (``is_torchdynamo_compiling()``): with no mask tensor to read
+      (``padding_mask`` None) it is replaced by :func:`exporting` under a compile; given a
+      tensor, or outside a compile, the original answers.
+
+    Without it the compiled graph hands SDPA an expanded (B, 1, T, T) bool mask whose last
+    stride is 0, which no fused CUDA kernel accepts (the math path, in fp32: 2.2× slower than
+    eager on an H200, issue 46). With it the mask of an unpadded batch is None, as in eager.
+    Both checked in ``tests/test_compiled_sdpa_mask.py`` (``make test-transformers-5.17`` runs
+    it under 5.17)."""
+    global _is_tracing_original
     try:
         from transformers import masking_utils
     except ImportError:  # pragma: no cover (transformers is a dependency)
         return lambda: None
-    old = getattr(masking_utils, "is_torchdynamo_exporting", None)
-    if old is None or old is _transformers_exporting:
+    if hasattr(masking_utils, "is_torchdynamo_exporting"):  # transformers 5.24
+        name, new = "is_torchdynamo_exporting", _transformers_exporting
+    elif hasattr(masking_utils, "is_tracing"):  # transformers 5.17
+        name, new = "is_tracing", _transformers_is_tracing
+    else:  # pragma: no cover (a release that moved both: nothing to fix that we know of)
         return lambda: None
-    masking_utils.is_torchdynamo_exporting = _transformers_exporting
+    old = getattr(masking_utils, name)
+    if old is new:
+        return lambda: None
+    if new is _transformers_is_tracing:
+        _is_tracing_original = old
+    setattr(masking_utils, name, new)
 
     def undo():
-        masking_utils.is_torchdynamo_exporting = old
+        setattr(masking_utils, name, old)
     return undo
 
 
 def _transformers_exporting() -> bool:
     return exporting()
+
+
+_is_tracing_original = None  # transformers 5.17's masking_utils.is_tracing, once replaced
+
+
+def _transformers_is_tracing(tensor=None) -> bool:
+    if tensor is None and torch.compiler.is_compiling():
+        return exporting()
+    return _is_tracing_original(tensor)
 
 
 def sdpa_logsumexp(q: Tensor, k: Tensor, bias: Tensor) -> Tensor:
