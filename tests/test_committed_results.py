@@ -251,11 +251,6 @@ def test_prefill_ttft_kept_and_flops_are_the_committed_ones(one_thread):
 # ---------------------------------------------------------------------------------------------
 # family_table (scripts/family_table.py)
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "docs/results/family_table (2026-11-25) is stale: since then tome joined the token methods "
-    "(bert: 'all 10', not 9; llama: tome refused), bert's FLOPs at rho 0.5 count 0.782, not "
-    "0.775, and the parity errors differ in their last digits; regenerate it, then drop this "
-    "mark (strict: the test fails once the table is current)"))
 @pytest.mark.parametrize("arch", ["bert", "llama"])
 def test_family_table_rows_are_the_committed_ones(arch, one_thread):
     _require_reference_cpu("docs/results/family_table")
