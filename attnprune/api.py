@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import warnings
 from functools import partial
 
 import torch
 from torch import nn
 
-from attnprune.hosts import MODEL_STATE_ATTR, PatchState, find_host
+from attnprune.hosts import MODEL_STATE_ATTR, Host, PatchState, find_host
 from attnprune.hosts.compat import hook_dicts
 from attnprune.hosts.stack import PatchStack, check_stackable
 from attnprune.methods import registry
@@ -47,6 +48,7 @@ def patch(model: nn.Module, method: str, *, stack: bool = False, **options) -> n
         host_patch = patch_sentence_transformer
     else:
         host_patch = find_host(model, spec.kind).patch
+    _check_options(model, spec, options)
     current: PatchState | None = getattr(model, _ATTR, None)
     below: list[PatchState] = []
     if stack and current is not None:
@@ -68,6 +70,46 @@ def patch(model: nn.Module, method: str, *, stack: bool = False, **options) -> n
         state = PatchStack([*below, state])
     object.__setattr__(model, _ATTR, state)
     return model
+
+
+# Options a host takes out of ``**options`` itself, before the rest go to the method.
+_HOST_POPPED = {"hf_attention": ("ffn_modules",)}
+_ST_OPTIONS = ("reduce_queries",)  # attnprune.deploy.sentence_transformers's own
+
+
+def _check_options(model: nn.Module, spec: registry.MethodSpec, options: dict) -> None:
+    """Every keyword is the method's, its host's or ``patch``'s own: an unknown one (a typo,
+    ``keep_ration``) raises ValueError naming it, the close names and every accepted one,
+    before anything is touched (before a patched model is unpatched)."""
+    groups: list[tuple[str, tuple[str, ...]]] = []
+    if _from_sentence_transformers(model):
+        first = next(iter(model.children()), None)
+        encoder = getattr(first, "auto_model", None)
+        if not isinstance(encoder, nn.Module):
+            return  # patch_sentence_transformer says what is wrong with the model
+        groups.append(("sentence-transformers", _ST_OPTIONS))
+        model = encoder
+    try:
+        host = find_host(model, spec.kind)
+    except ValueError:
+        return  # the host's own check says why
+    name = spec.name
+    if host.name in ("hf_causal", "hf_llama"):  # "ltp" means ltp_causal there
+        from attnprune.hosts.hf_causal import _ALIASES
+
+        name = _ALIASES.get(name, name)
+    groups.insert(0, (f"the {host.name} host", _host_options(host)))
+    groups.append(("patch", ("stack",)))
+    registry.check_options(name, options, groups)
+
+
+def _host_options(host: Host) -> tuple[str, ...]:
+    """The keywords a host's patch function names (after ``model`` and ``spec``), and those it
+    takes out of its ``**options``."""
+    params = list(inspect.signature(host.patch).parameters.values())[2:]
+    named = [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                   inspect.Parameter.KEYWORD_ONLY)]
+    return (*named, *_HOST_POPPED.get(host.name, ()))
 
 
 def _from_sentence_transformers(model: nn.Module) -> bool:
