@@ -35,13 +35,36 @@ order of a stable sort).
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
 
 __all__ = ["export_onnx", "onnx_session", "run_onnx"]
+
+_log = logging.getLogger(__name__)
+
+# What torch 2.13's exporter says on every export that is no fault of the model or the export
+# (a new user read seven such lines as errors): logged at debug level here, not shown. Any
+# other warning goes through as it came.
+HARMLESS_WARNINGS = (
+    # torch.export's pytree, deprecated inside torch itself
+    (FutureWarning, re.compile(r"isinstance\(treespec, LeafSpec\)` is deprecated")),
+    # the batch / sequence Dim shared by every input: one name kept, the others' "not used"
+    (UserWarning, re.compile(r"The axis name: \S+ will not be used, since it shares the same "
+                             r"shape constraints with another axis")),
+)
+HARMLESS_LOGS = {  # logger: messages (WARNING and below) of torch's exporter
+    "torch.onnx._internal.exporter._registration": (
+        re.compile(r"torchvision is not installed\. Skipping torchvision::"),),
+}
+SINGLE_FILE_LIMIT = 2 * 1024**3  # protobuf's limit on one ONNX file; weights beyond it go beside
 
 def _sort_stable(self, *, stable=None, dim: int = -1, descending: bool = False):
     """ONNX for ``aten.sort.stable``: TopK with k = the axis length, ties to the lower index."""
@@ -50,6 +73,47 @@ def _sort_stable(self, *, stable=None, dim: int = -1, descending: bool = False):
     n = op.Gather(op.Shape(self), op.Constant(value_ints=[dim]), axis=0)  # (1,) int64
     values, indices = op.TopK(self, n, axis=dim, largest=descending, sorted=True)
     return values, indices
+
+
+class _ToDebug(logging.Filter):
+    """Drop a logger's harmless records, logging each at debug level on attnprune's logger."""
+
+    def __init__(self, patterns) -> None:
+        super().__init__()
+        self.patterns = patterns
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if record.levelno <= logging.WARNING and any(p.search(message) for p in self.patterns):
+            _log.debug("torch.onnx (%s): %s", record.name, message)
+            return False
+        return True
+
+
+@contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """Inside: torch's exporter's :data:`HARMLESS_WARNINGS` and :data:`HARMLESS_LOGS` go to
+    the debug log; every other warning is shown as it would have been (at the end, through
+    the caller's filters: ``-W error`` still raises), and errors propagate. Scoped: the
+    warnings filters and the loggers are as before on the way out."""
+    filters = [(logging.getLogger(name), _ToDebug(patterns))
+               for name, patterns in HARMLESS_LOGS.items()]
+    for logger, f in filters:
+        logger.addFilter(f)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        for logger, f in filters:
+            logger.removeFilter(f)
+        for w in caught:
+            if any(issubclass(w.category, c) and p.search(str(w.message))
+                   for c, p in HARMLESS_WARNINGS):
+                _log.debug("torch.onnx: %s: %s", w.category.__name__, w.message)
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno,
+                                       source=w.source)
 
 
 def _check_exportable(model: nn.Module) -> None:
@@ -69,7 +133,7 @@ def _check_exportable(model: nn.Module) -> None:
 
 def export_onnx(model: nn.Module, path: str | os.PathLike, example: dict | None = None, *,
                 max_length: int | None = None, dynamic: bool = True,
-                verify: bool = True, atol: float = 1e-4) -> Path:
+                verify: bool = True, atol: float = 1e-4, single_file: bool = False) -> Path:
     """Export ``model`` (stock, or patched with a token method of the encoder host) to ONNX at
     ``path``.
 
@@ -81,7 +145,11 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: dict | None 
     ``example`` and raise if any output differs from PyTorch by more than ``atol`` (skipped
     for ``random``, whose draws differ by design). The model is exported in eval mode and
     returned to its mode. Needs ``pip install attnprune[deploy]`` (onnx, onnxscript,
-    onnxruntime). Returns the path.
+    onnxruntime). ``single_file``: the weights inside the ``.onnx`` file (under 2 GiB of
+    parameters and buffers, protobuf's limit), not in ``<path>.data`` beside it (the default,
+    torch's). torch's exporter's known-harmless warnings (torchvision not installed, merged
+    axis names, its own deprecations) go to this module's debug log; other warnings are shown.
+    Returns the path.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -91,6 +159,15 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: dict | None 
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
         raise ValueError(f"max_length must be an integer ≥ 2, got {max_length!r}")
     _check_exportable(model)
+    if not isinstance(single_file, bool):
+        raise ValueError(f"single_file must be True or False, got {single_file!r}")  # noqa: TRY004 (the API's contract: ValueError)
+    if single_file:
+        size = sum(t.numel() * t.element_size()
+                   for t in (*model.parameters(), *model.buffers()))
+        if size >= SINGLE_FILE_LIMIT:
+            raise ValueError(f"single_file: the model holds {size / 1024**3:.1f} GiB of weights, "
+                             f"over ONNX's 2 GiB for one file; export with single_file=False "
+                             f"(the weights go to {Path(path).name}.data beside it)")
     if example is None:
         length = min(32, max_length)
         g = torch.Generator().manual_seed(0)
@@ -120,10 +197,11 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: dict | None 
             batch = torch.export.Dim("batch", min=1, max=1 << 16)
             seq = torch.export.Dim("sequence", min=2, max=max_length)
             shapes = {k: {0: batch, 1: seq} for k in names}
-        torch.onnx.export(model, (), str(path), kwargs=example, dynamo=True,
-                          dynamic_shapes=shapes, input_names=names, output_names=outputs,
-                          custom_translation_table={torch.ops.aten.sort.stable: _sort_stable},
-                          verbose=False)
+        with _quiet_exporter():
+            torch.onnx.export(model, (), str(path), kwargs=example, dynamo=True,
+                              dynamic_shapes=shapes, input_names=names, output_names=outputs,
+                              custom_translation_table={torch.ops.aten.sort.stable: _sort_stable},
+                              external_data=not single_file, verbose=False)
     finally:
         model.train(was_training)
     from attnprune.api import patch_state
