@@ -55,27 +55,41 @@ def _same(a, b) -> bool:
         return False
 
 
+_SIGINT_AT_START = None  # the handler when this conftest was imported: Python's default
+_LAST_TEST = [None]
+
+
 @pytest.fixture(autouse=True)
 def _ctrl_c_handler_unchanged(request):
-    """Puts back the process's SIGINT handler a test changed, with a warning naming the test.
-    A full run once left it ignored (SIG_IGN) before tests/test_new_user_interrupt.py, which
-    then failed with test_synthetic_cli's Ctrl-C test; alone, every file passes. The warning
-    (pytest's summary) names the test that changes it; not yet a failure while it is found."""
+    """Every test starts with the SIGINT handler the session started with, and a change is put
+    back with a warning naming where it was seen: a test (found after it), or something between
+    tests (a module fixture's set-up or teardown: found before the next). A full run once left
+    SIGINT ignored (SIG_IGN) before tests/test_new_user_interrupt.py, which then failed with
+    test_synthetic_cli's Ctrl-C test; alone, every file passes. Not yet a failure while the
+    cause is found: pytest's warnings summary names it."""
     import signal
     import threading
+    import warnings
 
+    global _SIGINT_AT_START
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = signal.getsignal(signal.SIGINT)
+    if _SIGINT_AT_START is None:
+        _SIGINT_AT_START = signal.getsignal(signal.SIGINT)
+    found = signal.getsignal(signal.SIGINT)
+    if found is not _SIGINT_AT_START:
+        signal.signal(signal.SIGINT, _SIGINT_AT_START)
+        warnings.warn(f"the SIGINT handler was {found!r} before {request.node.nodeid} (after "
+                      f"{_LAST_TEST[0]} and its fixtures); put back", RuntimeWarning,
+                      stacklevel=1)
     yield
+    _LAST_TEST[0] = request.node.nodeid
     now = signal.getsignal(signal.SIGINT)
-    if now is not before:
-        signal.signal(signal.SIGINT, before)
-        import warnings
-
-        warnings.warn(f"{request.node.nodeid} left the SIGINT handler as {now!r} (was "
-                      f"{before!r}); put back", RuntimeWarning, stacklevel=1)
+    if now is not _SIGINT_AT_START:
+        signal.signal(signal.SIGINT, _SIGINT_AT_START)
+        warnings.warn(f"{request.node.nodeid} left the SIGINT handler as {now!r}; put back",
+                      RuntimeWarning, stacklevel=1)
 
 
 @pytest.fixture(autouse=True)
