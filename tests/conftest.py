@@ -55,39 +55,38 @@ def _same(a, b) -> bool:
         return False
 
 
-_SIGINT_AT_START = None  # the handler when this conftest was imported: Python's default
 _LAST_TEST = [None]
 
 
 @pytest.fixture(autouse=True)
 def _ctrl_c_handler_unchanged(request):
-    """Every test starts with the SIGINT handler the session started with, and a change is put
-    back with a warning naming where it was seen: a test (found after it), or something between
-    tests (a module fixture's set-up or teardown: found before the next). A full run once left
-    SIGINT ignored (SIG_IGN) before tests/test_new_user_interrupt.py, which then failed with
-    test_synthetic_cli's Ctrl-C test; alone, every file passes. Not yet a failure while the
-    cause is found: pytest's warnings summary names it."""
+    """Every test starts with Python's own SIGINT handler (``signal.default_int_handler``, what
+    a foreground process has), and a change is put back with a warning naming where it was
+    seen: a test (found after it), or something between tests (a module fixture's set-up or
+    teardown: found before the next). A shell that starts pytest in the background (``cmd &``
+    in a script, job control off) starts it with SIGINT ignored, which Python keeps: the Ctrl-C
+    tests (tests/test_new_user_interrupt.py, test_synthetic_cli's) then failed in such a run
+    only. That first state is put back silently."""
     import signal
     import threading
     import warnings
 
-    global _SIGINT_AT_START
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    if _SIGINT_AT_START is None:
-        _SIGINT_AT_START = signal.getsignal(signal.SIGINT)
+    want = signal.default_int_handler
     found = signal.getsignal(signal.SIGINT)
-    if found is not _SIGINT_AT_START:
-        signal.signal(signal.SIGINT, _SIGINT_AT_START)
-        warnings.warn(f"the SIGINT handler was {found!r} before {request.node.nodeid} (after "
-                      f"{_LAST_TEST[0]} and its fixtures); put back", RuntimeWarning,
-                      stacklevel=1)
+    if found is not want:
+        signal.signal(signal.SIGINT, want)
+        if _LAST_TEST[0] is not None:
+            warnings.warn(f"the SIGINT handler was {found!r} before {request.node.nodeid} "
+                          f"(after {_LAST_TEST[0]} and its fixtures); put back",
+                          RuntimeWarning, stacklevel=1)
     yield
     _LAST_TEST[0] = request.node.nodeid
     now = signal.getsignal(signal.SIGINT)
-    if now is not _SIGINT_AT_START:
-        signal.signal(signal.SIGINT, _SIGINT_AT_START)
+    if now is not want:
+        signal.signal(signal.SIGINT, want)
         warnings.warn(f"{request.node.nodeid} left the SIGINT handler as {now!r}; put back",
                       RuntimeWarning, stacklevel=1)
 
