@@ -11,8 +11,8 @@ from functools import partial
 import torch
 from torch import nn
 
+from attnprune.compat import hook_dicts
 from attnprune.hosts import MODEL_STATE_ATTR, Host, PatchState, find_host
-from attnprune.hosts.compat import hook_dicts
 from attnprune.hosts.stack import PatchStack, check_stackable
 from attnprune.methods import registry
 

@@ -26,21 +26,21 @@ from typing import Any
 import torch
 from torch.utils import flop_counter as fc
 
+from attnprune.compat import cpu_flash_attention_ops
+
 __all__ = ["Timing", "count_flops", "effective_flops", "env_info", "peak_memory", "time_fn", "time_interleaved"]
 
 
 def _sdpa_cpu_mapping() -> dict:
     """custom_mapping entries for the CPU flash-attention op torch's counter skips."""
-    aten = torch.ops.aten
     mapping: dict = {}
-    fwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    fwd, bwd = cpu_flash_attention_ops()
     if fwd is not None:
 
         def fwd_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
             return fc.sdpa_flop_count(query, key, value)
 
         mapping[fwd] = fwd_flops  # FlopCounterMode applies shape_wrapper itself
-    bwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
     if bwd is not None:
 
         def bwd_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:

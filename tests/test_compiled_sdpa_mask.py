@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertModel
 
-from attnprune.hosts import compat
+from attnprune import compat
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
          "intermediate_size": 64, "vocab_size": 100, "attn_implementation": "sdpa"}

@@ -189,7 +189,7 @@ def test_no_deprecation_warning_escapes():
 
 
 def test_torchao_backend():
-    from attnprune.hosts.compat import keeping_inductor_config
+    from attnprune.compat import keeping_inductor_config
 
     # in the dev extras: under CI a missing torchao fails; torchao's first import sets inductor
     # options, which the library puts back (quantize_int8) and so does this import

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attnprune.compat import dynamo_config_patch
 from attnprune.measure import env_info, time_interleaved
 from attnprune.methods.crisp import topk_row_mask
 from attnprune.runs.command import run_command, save_table
@@ -160,7 +161,7 @@ def _ratios(cfg, fns: dict) -> dict:
                                  float(np.percentile(ratios[name], 75))]} for name in fns}
 
 
-@torch._dynamo.config.patch(**_COMPILE)
+@dynamo_config_patch(**_COMPILE)
 def kernel_part(cfg: BenchFlexConfig, progress) -> list[dict]:
     """Part A: the kernel at every length (see the module docstring)."""
     flex, create_block_mask = _flex()
@@ -229,7 +230,7 @@ def real_attention(cfg: BenchFlexConfig) -> torch.Tensor:
     return torch.stack(out)
 
 
-@torch._dynamo.config.patch(**_COMPILE)
+@dynamo_config_patch(**_COMPILE)
 def real_part(cfg: BenchFlexConfig, progress) -> tuple[list[dict], list[dict]]:
     """Part B: tile densities of crisp's masks on real attention, and the kernel at L = 512
     with those masks (window 0, every layer)."""

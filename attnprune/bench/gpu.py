@@ -62,6 +62,7 @@ from dataclasses import dataclass
 import torch
 
 from attnprune import api
+from attnprune.compat import dynamo_config_patch, dynamo_config_value
 from attnprune.measure import env_info, time_interleaved
 from attnprune.runs.config import parse_command_line
 from attnprune.runs.results import ResultsDir
@@ -298,7 +299,7 @@ def _maybe_compile(fn, cfg: BenchGPUConfig):
                                graph=None if cfg.device.startswith("cuda") else EagerGraph)
     if not cfg.compile:
         return fn
-    from attnprune.hosts.compat import fix_transformers_exporting
+    from attnprune.compat import fix_transformers_exporting
 
     fix_transformers_exporting()  # torch 2.11: the full model's SDPA gets no expanded mask
     return torch.compile(fn, mode=cfg.compile_mode, dynamic=False)
@@ -311,10 +312,7 @@ def _compile_room(cfg: BenchGPUConfig):
     (torch 2.13's ``cache_size_limit`` is only an alias of it)."""
     if not cfg.compile:
         return contextlib.nullcontext()
-    import torch._dynamo
-
-    return torch._dynamo.config.patch(
-        recompile_limit=max(torch._dynamo.config.recompile_limit, 64))
+    return dynamo_config_patch(recompile_limit=max(dynamo_config_value("recompile_limit"), 64))
 
 
 def _step(fn, graphs: bool):

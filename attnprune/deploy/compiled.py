@@ -462,7 +462,7 @@ def compile(model: nn.Module, lengths: Sequence[int] = (128, 256, 512),
         options["mode"] = "reduce-overhead"
     options.update(compile_options)
     graphs = options.get("mode") in ("reduce-overhead", "max-autotune")
-    from attnprune.hosts.compat import fix_transformers_exporting
+    from attnprune.compat import fix_transformers_exporting
 
     fix_transformers_exporting()  # torch 2.11: no expanded mask for unpadded rows (issue 46)
     return BucketedModel(model, torch.compile(model, **options), lengths, batch_sizes,

@@ -53,8 +53,8 @@ import torch
 from torch import nn
 
 from attnprune import api
+from attnprune.compat import attn_implementation, model_from_config
 from attnprune.deploy.sentence_transformers import is_sentence_transformers_model
-from attnprune.hosts.compat import attn_implementation
 from attnprune.methods import registry
 
 __all__ = ["FORMAT_VERSION", "RECIPE", "ST_MODULE", "WEIGHTS", "from_pretrained",
@@ -245,7 +245,7 @@ def _stock_class(model: nn.Module) -> type:
 
 
 def _auto_class(model: nn.Module, stock: type) -> str | None:
-    from attnprune.hosts.compat import auto_model_class_names
+    from attnprune.compat import auto_model_class_names
 
     model_type = getattr(model.config, "model_type", None)
     for auto, table in _AUTO_CLASSES:
@@ -343,9 +343,7 @@ def _load_compacted(cls, folder: Path, record: dict, kwargs: dict) -> nn.Module:
     cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     extra = {"attn_implementation": kwargs["attn_implementation"]} if kwargs.get(
         "attn_implementation") else {}
-    # an auto class builds from a config with from_config, a model class with _from_config
-    build = getattr(cls, "from_config", None) or cls._from_config
-    model = build(cfg, **extra)
+    model = model_from_config(cls, cfg, **extra)
     try:
         compact_ffn.resize(model, dict(record["sizes"]))
     except (KeyError, TypeError, ValueError) as e:

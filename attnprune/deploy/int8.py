@@ -43,7 +43,7 @@ import warnings
 
 from torch import nn
 
-from attnprune.hosts.compat import hook_dicts
+from attnprune.compat import hook_dicts
 
 __all__ = ["BACKENDS", "quantize_int8"]
 
@@ -72,7 +72,7 @@ def quantize_int8(model: nn.Module, *, inplace: bool = False, backend: str = "au
     backend = _AUTO if backend == "auto" else backend
     if backend == "torchao":
         try:
-            from attnprune.hosts.compat import keeping_inductor_config
+            from attnprune.compat import keeping_inductor_config
 
             Int8DynamicActivationInt8WeightConfig, quantize_ = keeping_inductor_config(
                 _torchao_quantization)

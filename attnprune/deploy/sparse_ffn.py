@@ -50,6 +50,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from attnprune.compat import tensor_version
+
 __all__ = [
     "MODES",
     "SparseFFNOutput",
@@ -192,7 +194,7 @@ class SparseFFNOutput(nn.Module):
         in-place update bumps its version), so fine-tuning after :func:`apply` stays correct."""
         w = self.linear.weight
         if isinstance(self.linear, nn.Linear):
-            key = (w.data_ptr(), w._version, w.dtype, w.device)
+            key = (w.data_ptr(), tensor_version(w), w.dtype, w.device)
             if self._wt is None or key != self._wt_key:
                 self._wt, self._wt_key = w.detach().t().contiguous(), key
             return self._wt

@@ -18,7 +18,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from attnprune.hosts.compat import attn_implementation, children_dict, hook_dicts
+from attnprune.compat import attn_implementation, children_dict, hook_dicts
 
 # The attribute of a patched model that holds its PatchState (``attnprune.patch_state``).
 MODEL_STATE_ATTR = "_attnprune"

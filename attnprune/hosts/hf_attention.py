@@ -83,6 +83,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from attnprune.compat import attn_implementation
 from attnprune.hosts import (
     CallData,
     Calls,
@@ -96,7 +97,6 @@ from attnprune.hosts import (
     replace_forward,
     restore_forward,
 )
-from attnprune.hosts.compat import attn_implementation
 from attnprune.methods import registry
 from attnprune.methods.crisp import (
     allowed_keys,
@@ -425,7 +425,7 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     stock SDPA for a module without one (cross-attention, an unpatched copy's leftovers)."""
     state = module.__dict__.get(STATE_ATTR)
     if state is None:
-        from attnprune.hosts.compat import sdpa_attention_forward
+        from attnprune.compat import sdpa_attention_forward
 
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
@@ -611,7 +611,7 @@ def _register() -> None:
     """Register ``IMPL`` (idempotent)."""
     from transformers import AttentionInterface
 
-    from attnprune.hosts.compat import AttentionMaskInterface, sdpa_mask
+    from attnprune.compat import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(IMPL, _attention)
     AttentionMaskInterface.register(IMPL, sdpa_mask)  # both registrations, or masks are None

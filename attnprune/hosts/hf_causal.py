@@ -74,6 +74,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache, GPT2Model
 
+from attnprune.compat import (
+    BaseModelOutputWithPastAndCrossAttentions,
+    children_dict,
+    create_causal_mask,
+)
 from attnprune.hosts import (
     CallData,
     Calls,
@@ -85,11 +90,6 @@ from attnprune.hosts import (
     remove_state_hooks,
     replace_forward,
     restore_forward,
-)
-from attnprune.hosts.compat import (
-    BaseModelOutputWithPastAndCrossAttentions,
-    children_dict,
-    create_causal_mask,
 )
 from attnprune.methods import registry
 from attnprune.selection import (

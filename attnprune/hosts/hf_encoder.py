@@ -119,6 +119,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
+from attnprune.compat import ModelOutput, sdpa_logsumexp, size_hint
 from attnprune.hosts import (
     CallData,
     Calls,
@@ -134,7 +135,6 @@ from attnprune.hosts import (
     replace_forward,
     restore_forward,
 )
-from attnprune.hosts.compat import ModelOutput, sdpa_logsumexp
 from attnprune.methods import registry
 from attnprune.methods.base import protect_first, protect_special
 from attnprune.selection import (
@@ -1210,8 +1210,8 @@ def _traced_width(keep: Tensor):
     all keep one token gets one padding slot, masked like any other."""
     width = keep.shape[1]
     k = keep.sum(1).max().clamp(2, width).item()
-    torch._check(k >= 2)
-    torch._check(k <= width)
+    size_hint(k >= 2)
+    size_hint(k <= width)
     return k
 
 
@@ -1220,7 +1220,7 @@ def _bidirectional(state: HFEncoderState, hidden: Tensor, mask: Tensor, skip: bo
     model's attention implementation expects (None, bool or float). ``skip=False`` always
     builds the mask: the helper's "no padding, no mask" shortcut reads the mask back from
     the device (``mask.all()``), which the sync-free path must not do."""
-    from attnprune.hosts.compat import create_bidirectional_mask
+    from attnprune.compat import create_bidirectional_mask
 
     extra = {} if skip else {"allow_is_bidirectional_skip": False}
     return create_bidirectional_mask(config=state.config, inputs_embeds=hidden,
@@ -1330,7 +1330,7 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     state.protect_ids = protect_ids
     state.reduce = reduce
     state.min_tokens = min_tokens
-    from attnprune.hosts.compat import (
+    from attnprune.compat import (
         BaseModelOutput,
         BaseModelOutputWithPastAndCrossAttentions,
     )

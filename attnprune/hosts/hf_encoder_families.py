@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnprune.hosts.compat import attn_implementation
+from attnprune.compat import attn_implementation
 
 __all__ = ["ANATOMIES", "Anatomy"]
 
@@ -183,7 +183,7 @@ def _deberta_forward(state, inner, original, hidden_states, attention_mask,
     if query_states is not None or relative_pos is not None or attention_mask.dim() != 2:
         raise ValueError("attention_mask: the token host serves DeBERTa-v2 with a 2-D padding "
                          "mask and no query_states / relative_pos of the caller")
-    from attnprune.hosts.compat import BaseModelOutput
+    from attnprune.compat import BaseModelOutput
 
     state.calls.current().family_cache = {}
     mask4d = state.mask4d(hidden_states, attention_mask)
@@ -201,7 +201,7 @@ def _deberta_tables(state, hidden, mask4d, index):
     takes them as (1, b·H, K, K). The soft bias: ``mask4d`` itself when it is the host's
     additive log-mask (training, ``soft_mode="bias"``: the call's ``soft_bias``), not a hard 0 / −∞
     mask; told by identity, never by reading its values (the sync-free path reads nothing)."""
-    from attnprune.hosts.compat import deberta_make_log_bucket_position as make_log_bucket_position
+    from attnprune.compat import deberta_make_log_bucket_position as make_log_bucket_position
 
     enc = state.encoder
     b, k = hidden.shape[:2]
@@ -298,7 +298,7 @@ def _modernbert_forward(state, inner, original, input_ids=None, attention_mask=N
         raise ValueError("position_ids: the token host serves ModernBERT with one row of "
                          "positions shared by the batch (rows of a batch are regrouped "
                          "between layers)")
-    from attnprune.hosts.compat import BaseModelOutput
+    from attnprune.compat import BaseModelOutput
 
     base = state.encoder
     hidden = base.embeddings(input_ids=input_ids, inputs_embeds=inputs_embeds)
@@ -354,7 +354,7 @@ def _modernbert_call(state, i, hidden, mask4d, index):
 def _modernbert_scores(state, i, q, k):
     """Split the fused Wqkv output, rotate q and k at the original positions; local layers add
     the window (−∞ outside, as the layer's mask)."""
-    from attnprune.hosts.compat import modernbert_apply_rotary_pos_emb as apply_rotary_pos_emb
+    from attnprune.compat import modernbert_apply_rotary_pos_emb as apply_rotary_pos_emb
 
     layer = state.layers[i]
     call = state.calls.current()

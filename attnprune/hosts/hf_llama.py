@@ -41,8 +41,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from attnprune.compat import BaseModelOutputWithPast
 from attnprune.hosts import register_host
-from attnprune.hosts.compat import BaseModelOutputWithPast
 from attnprune.hosts.hf_causal import (
     CausalPatchState,
     _one_cache,

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 from transformers import DynamicCache
 
-from attnprune.hosts.compat import create_causal_mask
+from attnprune.compat import create_causal_mask
 from attnprune.hosts.hf_causal import _gpt2, cache_kwargs
 from attnprune.hosts.hf_llama import FAMILIES, _inner, family_of, sliding_window
 

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from attnprune.api import patch_state
-from attnprune.hosts.compat import attn_implementation
+from attnprune.compat import attn_implementation
 from attnprune.hosts.hf_attention import AttentionPatchState, attention_modules, ffn_modules
 from attnprune.methods.cost import row_entropy_bits
 

@@ -398,7 +398,7 @@ def _loader(split, tokenizer, batch_size: int, max_length: int, shuffle: bool, s
 
     g = torch.Generator().manual_seed(seed)
     if group_by_length and shuffle:
-        from attnprune.hosts.compat import LengthGroupedSampler
+        from attnprune.compat import LengthGroupedSampler
 
         lengths = [int(n) for n in tokenize(tokenizer, split, idx, max_length)["attention_mask"]
                    .sum(1)]

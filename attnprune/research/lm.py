@@ -58,7 +58,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attnprune import api
-from attnprune.hosts.compat import children_dict
+from attnprune.compat import children_dict
 from attnprune.hosts.hf_causal import cache_kwargs
 from attnprune.measure import count_flops, effective_flops, env_info, time_fn
 from attnprune.methods import registry

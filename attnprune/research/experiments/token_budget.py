@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from attnprune import api
-from attnprune.hosts.compat import attn_implementation
+from attnprune.compat import attn_implementation
 from attnprune.measure import env_info
 from attnprune.runs import stats
 from attnprune.runs.command import run_command

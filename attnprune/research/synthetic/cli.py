@@ -16,6 +16,7 @@ import resource
 import sys
 import time
 
+from attnprune.compat import cpu_has_bf16
 from attnprune.runs.config import dump_yaml, parse_command_line
 from attnprune.runs.results import ResultsDir, make_run_dir
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(cfg.threads)
-    if cfg.precision == "bf16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if cfg.precision == "bf16" and not cpu_has_bf16():
         print("warning: precision: this CPU has no native bfloat16 matmuls, so bf16 training is "
               "emulated and may be slower than --precision fp32", file=sys.stderr)
     if cmd.exact_out and (cmd.out / "config.yaml").is_file():

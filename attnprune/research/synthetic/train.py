@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score
 
+from attnprune.compat import cpu_has_bf16
 from attnprune.research.synthetic.host import TinyEncoder, TinyOutput
 
 __all__ = ["TrainConfig", "evaluate", "train_model"]
@@ -68,7 +69,7 @@ class TrainConfig:
     def use_bf16(self) -> bool:
         """Whether training steps autocast to bfloat16 (see ``precision``)."""
         if self.precision == "auto":
-            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+            return cpu_has_bf16()
         return self.precision == "bf16"
 
 

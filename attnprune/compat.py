@@ -55,13 +55,34 @@ _TRANSFORMERS = {
         "transformers.models.modernbert.modeling_modernbert", "apply_rotary_pos_emb"),
 }
 
-__all__ = ["AttentionMaskInterface", "BaseModelOutput", "BaseModelOutputWithPast",
-           "BaseModelOutputWithPastAndCrossAttentions", "LengthGroupedSampler", "ModelOutput",
-           "attn_implementation", "auto_model_class_names", "children_dict",
-           "create_bidirectional_mask", "create_causal_mask", "deberta_make_log_bucket_position",
-           "exporting", "fix_transformers_exporting", "hook_dicts",
-           "modernbert_apply_rotary_pos_emb", "sdpa_attention_forward", "sdpa_logsumexp",
-           "sdpa_mask"]
+__all__ = [
+    "AttentionMaskInterface",
+    "BaseModelOutput",
+    "BaseModelOutputWithPast",
+    "BaseModelOutputWithPastAndCrossAttentions",
+    "LengthGroupedSampler",
+    "ModelOutput",
+    "attn_implementation",
+    "auto_model_class_names",
+    "children_dict",
+    "cpu_flash_attention_ops",
+    "cpu_has_bf16",
+    "create_bidirectional_mask",
+    "create_causal_mask",
+    "deberta_make_log_bucket_position",
+    "dynamo_config_patch",
+    "dynamo_config_value",
+    "exporting",
+    "fix_transformers_exporting",
+    "hook_dicts",
+    "model_from_config",
+    "modernbert_apply_rotary_pos_emb",
+    "sdpa_attention_forward",
+    "sdpa_logsumexp",
+    "sdpa_mask",
+    "size_hint",
+    "tensor_version",
+]
 
 
 def __getattr__(name: str):
@@ -204,3 +225,54 @@ def keeping_inductor_config(load):
         for key, value in before.items():
             if getattr(inductor_config, key, value) is not value:
                 setattr(inductor_config, key, value)
+
+
+def tensor_version(t: Tensor) -> int:
+    """``t``'s in-place version counter (the private ``_version``: it goes up on every in-place
+    write, so a cache keyed on it sees a weight updated in place)."""
+    return t._version
+
+
+def model_from_config(cls, config, **kwargs):
+    """A model built from ``config`` with random weights: an auto class's ``from_config``, a
+    model class's private ``_from_config`` (the one that applies ``attn_implementation`` and the
+    dtype as ``from_pretrained`` does; checked in transformers 5.17 and 5.24)."""
+    build = getattr(cls, "from_config", None) or cls._from_config
+    return build(config, **kwargs)
+
+
+def cpu_has_bf16() -> bool:
+    """This CPU has native bf16 kernels (oneDNN's private probe
+    ``torch.ops.mkldnn._is_mkldnn_bf16_supported``; checked in torch 2.11 and 2.13)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def cpu_flash_attention_ops() -> tuple:
+    """The CPU flash-attention forward and backward aten ops (private ``aten._scaled_dot_product
+    _flash_attention_for_cpu[_backward]``), each None where this torch lacks it: torch 2.13's
+    FLOP counter does not count them (REFERENCE_VALUES.md)."""
+    aten = torch.ops.aten
+    return (getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None),
+            getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None))
+
+
+def size_hint(condition: bool) -> None:
+    """Tell torch.export's tracer a fact about an unbacked size (``torch._check``; a no-op
+    check in eager mode). Checked in torch 2.11 and 2.13."""
+    torch._check(condition)
+
+
+def dynamo_config_patch(**changes):
+    """``torch._dynamo.config.patch(**changes)``: a context manager and decorator that sets
+    dynamo options for its block only. ``changes`` may name the current value through
+    :func:`dynamo_config_value`."""
+    import torch._dynamo
+
+    return torch._dynamo.config.patch(**changes)
+
+
+def dynamo_config_value(name: str):
+    """The current value of ``torch._dynamo.config.<name>``."""
+    import torch._dynamo
+
+    return getattr(torch._dynamo.config, name)
