@@ -29,7 +29,8 @@ LAYERS = {
 LAYER_NAMES = {0: "library", 1: "training", 2: "run", 3: "bench/research", 4: "command line"}
 # inside the library: a method never imports a host; selection and measure are leaves
 INNER = {
-    "attnprune.methods": ("attnprune.methods", "attnprune.selection"),
+    "attnprune.methods": ("attnprune.methods", "attnprune.selection", "attnprune.attention"),
+    "attnprune.attention": ("attnprune.selection", "attnprune.compat"),
     "attnprune.selection": (),
     "attnprune.measure": ("attnprune.compat",),
     "attnprune.compat": (),

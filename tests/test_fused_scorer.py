@@ -10,7 +10,7 @@ import torch
 from transformers import BertConfig, BertModel
 
 import attnprune
-from attnprune.hosts.hf_encoder import _received_fused
+from attnprune.attention import received_fused as _received_fused
 
 SMALL = {"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
          "intermediate_size": 128, "hidden_dropout_prob": 0.0,

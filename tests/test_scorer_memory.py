@@ -12,8 +12,8 @@ import torch
 from transformers import BertConfig, BertModel
 
 import attnprune
+from attnprune import attention
 from attnprune.bench.scorer_memory import scorer_memory
-from attnprune.hosts import hf_encoder
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
          "intermediate_size": 64, "hidden_dropout_prob": 0.0,
@@ -45,7 +45,7 @@ def test_sync_free_scorer_never_holds_more_than_a_block(monkeypatch):
     model = BertModel(BertConfig(**SMALL)).eval()
     ids, mask = _inputs()
     block = 4096
-    monkeypatch.setattr(hf_encoder, "SCORER_BLOCK", block)
+    monkeypatch.setattr(attention, "SCORER_BLOCK", block)
     sizes = []
     real = torch.baddbmm
 
@@ -66,9 +66,9 @@ def test_blockwise_scorer_keeps_the_tokens_of_one_piece_fp32(monkeypatch):
     torch.manual_seed(0)
     model = BertModel(BertConfig(**SMALL)).eval()
     ids, mask = _inputs()
-    monkeypatch.setattr(hf_encoder, "SCORER_BLOCK", 1 << 40)
+    monkeypatch.setattr(attention, "SCORER_BLOCK", 1 << 40)
     whole = _kept(model, ids, mask)
-    monkeypatch.setattr(hf_encoder, "SCORER_BLOCK", 3000)  # not a multiple of a row
+    monkeypatch.setattr(attention, "SCORER_BLOCK", 3000)  # not a multiple of a row
     blocks = _kept(model, ids, mask)
     real = mask.bool()
     assert whole[real].float().mean() < 0.6, "nothing was pruned"
@@ -87,9 +87,9 @@ def test_blockwise_scorer_keeps_99_percent_of_the_tokens_in_bf16(monkeypatch):
     text = Path(__file__).read_text(encoding="utf-8").split("\n\n")
     batch = tok(text[:8], padding=True, truncation=True, max_length=128, return_tensors="pt")
     ids, mask = batch["input_ids"], batch["attention_mask"]
-    monkeypatch.setattr(hf_encoder, "SCORER_BLOCK", 1 << 40)
+    monkeypatch.setattr(attention, "SCORER_BLOCK", 1 << 40)
     whole = _kept(model, ids, mask)
-    monkeypatch.setattr(hf_encoder, "SCORER_BLOCK", 5000)
+    monkeypatch.setattr(attention, "SCORER_BLOCK", 5000)
     blocks = _kept(model, ids, mask)
     real = mask.bool()
     same = (whole[real] == blocks[real]).float().mean().item()

@@ -39,9 +39,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attnprune.attention import topk_row_mask
 from attnprune.compat import dynamo_config_patch
 from attnprune.measure import env_info, time_interleaved
-from attnprune.methods.crisp import topk_row_mask
 from attnprune.runs.command import run_command, save_table
 from attnprune.runs.config import to_dict
 

@@ -2,7 +2,7 @@
 
 The "received" scorer (attention_mass and its kin) needs every query's softmax over the keys of
 its layer: B · H · T² probabilities, 1.5 GB at B 8 × T 2,048 × 12 heads in float32. On the
-sync-free path it works in blocks of at most ``hf_encoder.SCORER_BLOCK`` probabilities
+sync-free path it works in blocks of at most ``attnprune.attention.SCORER_BLOCK`` probabilities
 (``scorer_kernel="matmul"``), or from two fused attention passes that never hold them
 (``"sdpa"``). This measures, each in a fresh process with glibc's mmap threshold fixed
 (:mod:`attnprune.bench._memory`), the peak growth of resident memory during one forward of a

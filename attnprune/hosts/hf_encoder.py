@@ -119,7 +119,8 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from attnprune.compat import ModelOutput, sdpa_logsumexp, size_hint
+from attnprune.attention import SCORER_KERNELS, attention_received, scorer_attention
+from attnprune.compat import ModelOutput, size_hint
 from attnprune.hosts import (
     CallData,
     Calls,
@@ -164,12 +165,6 @@ __all__ = [
 # Deprecated (until 0.3): the old c per thread at MiniLM's width; unused, the measured model
 # selection.group_overhead_slots(d, block="encoder") replaced it.
 GROUP_OVERHEAD_PER_THREAD = 24
-SCORER_KERNELS = ("matmul", "sdpa")  # how the exact "received" scorer runs (patch_hf_encoder)
-# The most attention probabilities the scorer holds at once on the sync-free path (and in a
-# compiled graph of concrete shapes): 2^24, 64 MB in float32, so its logits and probabilities
-# stay within 256 MB of the full forward's peak at any length (issue 46: at B 8 × T 2,048 ×
-# 12 heads the one-piece scorer held 1.5 GB); 24 blocks there, each large enough for a GPU.
-SCORER_BLOCK = 1 << 24
 REDUCE = ("drop", "merge")  # what happens to the tokens a selection does not keep
 # Rows with fewer real tokens than this stay whole in a SentenceTransformer that merges (its
 # min_tokens default): short texts lose most by any reduction (a 9-token query keeps 4 at
@@ -508,107 +503,20 @@ class HFEncoderState(PatchState):
     # -- attention probabilities for the scorer -------------------------------------------
     def _attention(self, run: _Pass, layer: int, keymask_add: Tensor, mask: Tensor) -> Tensor:
         """Attention probabilities of layer ``layer`` from the captured q, k projections, in
-        the form the method declares (``attention_rows``):
-
-        * "first": the CLS row, (B, H, 1, L);
-        * "received": per head, the attention each key receives averaged over the real
-          queries, R_h[j] = (1/n) Σ_i m_i A_h[i, j], as (B, H, 1, L) — computed in batch
-          chunks, so the (B, H, L, L) matrix never exists at once (at B = 32, L = 512 it is
-          400 MB, and writing it cost 15–27 % of the pruned forward, measured);
-        * "all": every row, (B, H, L, L).
-
-        ``keymask_add`` (B, L) is the additive key bias (padding, soft masks); what of A
-        (``run.rows``) and on which path (``run.static`` / ``run.sync_free``) come with the
-        call, as do the captured q, k."""
-        rows = run.rows
+        the form the method declares (``run.rows``; :func:`attnprune.attention.scorer_attention`),
+        with the family's own score terms (``Anatomy.scores``). ``keymask_add`` (B, L) is the
+        additive key bias (padding, soft masks)."""
         t0 = _clock(run)
         q, k = run.call.captured.pop("q"), run.call.captured.pop("k")  # (B, L, H·dh)
         extra = None  # the family's own score terms (B|1, 1|H, L, L): relative bias, window, …
         if self.anatomy.scores is not None:
             q, k, extra = self.anatomy.scores(self, layer, q, k)
-        B, L, _ = k.shape
-        H = self.n_heads
-        dh = k.shape[-1] // H
-        w = None
-        if rows == "first":
-            q = q[:, :1]
-            extra = None if extra is None else extra[:, :, :1]
-        elif rows == "received" and 0 < self.scorer_queries < L:
-            # Estimate the mean over queries from S evenly spaced real query rows per example
-            # (CLS and the last real token included): S·L scores instead of L·L.
-            S = self.scorer_queries
-            n = mask.sum(1, keepdim=True).clamp_min(1)  # (B, 1)
-            pos = torch.linspace(0, 1, S, device=q.device)[None, :] * (n - 1).to(q.dtype)
-            idx = pos.round().long()  # (B, S), duplicates when n < S keep the weights exact-ish
-            q = torch.gather(q, 1, idx[..., None].expand(B, S, q.shape[-1]))
-            if extra is not None:
-                extra = torch.gather(extra.expand(B, -1, L, L), 2,
-                                     idx[:, None, :, None].expand(B, extra.shape[1], S, L))
-            w = torch.full((B, S), 1.0 / S, dtype=q.dtype, device=q.device)
-        R = q.shape[1]
-        # One batched matmul with the key bias as its input term (baddbmm), scaling the smaller
-        # q: about half the time of (q·kᵀ)·scale + bias as separate passes (measured, L=128).
-        qq = (q * dh ** -0.5).view(B, R, H, dh).transpose(1, 2)  # (B, H, R, dh)
-        kk = k.view(B, L, H, dh).permute(0, 2, 3, 1)  # (B, H, dh, L)
-        bias = keymask_add.to(q.dtype)[:, None, None, :]  # (B, 1, 1, L)
-        if extra is not None:  # (B, 1|H, R, L); clamped: −∞ + −∞ rows would give NaN
-            bias = (bias + extra).clamp_min(torch.finfo(q.dtype).min)
-
-        def scores(lo: int, hi: int, r0: int = 0, r1: int | None = None) -> Tensor:
-            b = hi - lo  # rows lo:hi of the batch, query rows r0:r1 → (b·H, r, L) logits
-            qs = qq[lo:hi] if r1 is None else qq[lo:hi, :, r0:r1]
-            bs = bias[lo:hi] if r1 is None or bias.shape[2] == 1 else bias[lo:hi, :, r0:r1]
-            return torch.baddbmm(bs.expand(b, H, -1, L).reshape(b * H, -1, L),
-                                 qs.reshape(b * H, qs.shape[2], dh),
-                                 kk[lo:hi].reshape(b * H, dh, L))
-
-        if rows != "received":
-            out = torch.softmax(scores(0, B), -1).view(B, H, R, L)
-        else:
-            if w is None:  # exact: every real query, weight m_i / n
-                w = mask.to(q.dtype) / mask.sum(1, keepdim=True).clamp_min(1).to(q.dtype)
-            if getattr(self, "scorer_kernel", "matmul") == "sdpa" and extra is None and not run.training:
-                out = _received_fused(qq, k.view(B, L, H, dh).transpose(1, 2), bias, w)
-            elif run.static and not (B * H * R * L > SCORER_BLOCK
-                                     and all(isinstance(v, int) for v in (B, R, L))):
-                # one piece: range() over a symbolic size would fix it; concrete shapes (a
-                # bucketed compile) above the block go in blocks below, like the eager path
-                out = torch.einsum("bhij,bi->bhj", torch.softmax(scores(0, B), -1).view(
-                    B, H, R, L), w)[:, :, None, :]
-            elif run.sync_free or run.static:  # few large launches (a GPU), each ≤ the block
-                out = self._received(scores, w, B, H, R, L, budget=SCORER_BLOCK,
-                                     row_budget=SCORER_BLOCK)
-            else:
-                out = self._received(scores, w, B, H, R, L)
+        out = scorer_attention(q, k, keymask_add, mask, self.n_heads, run.rows, extra=extra,
+                               queries=self.scorer_queries,
+                               kernel=getattr(self, "scorer_kernel", "matmul"),
+                               training=run.training, static=run.static, sync_free=run.sync_free)
         run.call.scorer_time_s += _clock(run) - t0
         return out
-
-    @staticmethod
-    def _received(scores, w: Tensor, B: int, H: int, R: int, L: int,
-                  budget: int = 1 << 22, row_budget: int = 1 << 19) -> Tensor:
-        """Σ_i w_i softmax(scores)_ij per head, (B, H, 1, L), in pieces: ≤ ``budget``
-        probabilities over batch rows; a row above ``row_budget`` goes one row at a time in
-        blocks of query rows of at most ``row_budget``. The CPU defaults (4 M, 0.5 M: L ≳ 200
-        goes row by row) keep the blocks in cache from the matmul through the softmax to the
-        weighted sum (B = 1, L = 512, 1 thread: 11.3 → 7.3 ms CPU, measured); a GPU wants the
-        opposite, few large launches (each launch costs microseconds, as much as the work)."""
-        per_row = H * R * L
-        step = 1 if per_row > row_budget else max(1, budget // max(per_row, 1))
-        block = R if per_row <= row_budget else max(1, row_budget // (H * L))
-        parts = []
-        for lo in range(0, B, step):
-            hi = min(lo + step, B)
-            b = hi - lo
-            acc = w.new_zeros(b * H, 1, L, dtype=torch.float32)  # bf16 sums of blocks drift
-            for r0 in range(0, R, block):
-                p = torch.softmax(scores(lo, hi, r0, r0 + block), -1)  # (b·H, r, L)
-                wr = w[lo:hi, None, r0:r0 + block].expand(b, H, -1).reshape(b * H, 1, -1)
-                # Out of place, in one dtype: CUDA autocast runs softmax in fp32 and bmm in
-                # bf16, and an in-place baddbmm_ into the accumulator then raised "Bad
-                # in-place call: input tensor dtype BFloat16 and output tensor dtype float".
-                acc = acc + torch.bmm(wr.to(p.dtype), p).to(acc.dtype)
-            parts.append(acc.view(b, H, 1, L).to(w.dtype))
-        return torch.cat(parts)
 
 
 # ----------------------------------------------------------------------------- the path by device
@@ -666,24 +574,6 @@ def _fixed_width(width: int, rho: float, floor: int = 0) -> int:
 def _clock(run) -> float:
     """perf_counter for the host's own timers; 0 when traced (a timer would break the graph)."""
     return 0.0 if run.static else time.perf_counter()
-
-
-def _received_fused(q: Tensor, k: Tensor, bias: Tensor, w: Tensor) -> Tensor:
-    """R_h[j] = Σ_i w_i softmax_j(q_i·k_j + b_j) in two fused attention passes, without the
-    (L × L) probabilities (``scorer_kernel="sdpa"``): the first gives each query's log-sum-exp
-    ℓ_i; then R_h[j] = Σ_i exp(k_j·q_i + log w_i − ℓ_i) is the normaliser of attention with the
-    roles swapped (keys ask, queries answer, bias log w_i − ℓ_i), whose log the second pass
-    returns. ``q`` (B, H, L, dh) scaled, ``k`` (B, H, L, dh), ``bias`` (B, 1, 1, L) additive,
-    ``w`` (B, L) query weights; returns (B, H, 1, L) in float32."""
-    lse = sdpa_logsumexp(q, k, bias)  # (B, H, L) float32
-    floor = torch.finfo(q.dtype).min  # w_i = 0 (padding): weight ≈ e^−∞, never a NaN row
-    wf = w.float()[:, None, :]
-    # contiguous: the broadcast leaves its last stride at H, and the CPU kernel then copies the
-    # bias out to (B, H, L, L) (1.5 GB at B 8 × T 2,048 × 12 heads, measured)
-    swapped = torch.where(wf > 0, wf.clamp_min(1e-38).log() - lse, floor).contiguous()[:, :, None, :]
-    # the second pass in float32: its bias (log w_i − ℓ_i ≈ −log L − ℓ_i) rounded to bf16
-    # moved weights by ~4 % and changed 1–2 % of the kept tokens (measured, MiniLM shape)
-    return sdpa_logsumexp(k.float(), q.float(), swapped).exp()[:, :, None, :]
 
 
 class LazyStats(Mapping):
@@ -835,8 +725,6 @@ def _rank_loss(call: _Call, attn: Tensor, mask: Tensor) -> None:
     ``call.rank`` is a callable ``(student (B, L), mask) -> loss`` handed in by the training
     layer (ranking distillation, :mod:`attnprune.train.rank_distill`); the scorer's attention
     is (B, H, 1, L) rows or (B, H, L, L)."""
-    from attnprune.methods.attention_mass import attention_received
-
     loss_fn = call.rank
     call.rank = None
     student = attn[:, :, 0, :].mean(1) if attn.shape[-2] == 1 else attention_received(attn, mask)
@@ -1271,7 +1159,8 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     the device, fixed gather widths, no row groups (:func:`sync_free`). ``scorer_kernel``:
     how the exact attention-received scorer runs at inference: "matmul" (default: the scores,
     then their softmax, in blocks) or "sdpa" (two fused attention passes from the rows'
-    log-sum-exps: the L×L probabilities never exist; :func:`_received_fused`).
+    log-sum-exps: the L×L probabilities never exist;
+    :func:`attnprune.attention.received_fused`).
     ``reduce``: what happens to the tokens a selection does not keep: "drop" (removed with
     their content) or "merge" (each averaged, weighted by sizes, into the kept token the
     method matched it with or else its most similar kept one by cosine of the layer's keys;

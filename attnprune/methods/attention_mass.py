@@ -9,22 +9,12 @@ Baseline of the entropy paper (§5) and the LTP importance of ``token_pruning_be
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
-
+from attnprune.attention import attention_received
 from attnprune.methods.base import Selection, TokenMethod
 from attnprune.methods.registry import register
 from attnprune.selection import topk_keep
 
-
-def attention_received(attn: Tensor, mask: Tensor, variant: str = "mean") -> Tensor:
-    """(B, H, L, L) attention probabilities → (B, L) importance per key token."""
-    if variant == "cls":
-        return attn[:, :, 0, :].mean(dim=1)
-    # Only real queries vote; einsum sums without materialising attn·mask (B, H, L, L).
-    received = torch.einsum("bhij,bi->bj", attn, mask.to(attn.dtype))
-    n = mask.sum(dim=1).clamp_min(1).to(attn.dtype)
-    return received / (attn.shape[1] * n[:, None])
+__all__ = ["AttentionMass", "attention_received"]  # the score: attnprune.attention
 
 
 @register("attention_mass", kind="token", paper="entropy_guided_token_pruning.txt §5")

@@ -58,10 +58,11 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnprune.methods.crisp import (
+from attnprune.attention import (
     allowed_keys,
     fused_attention,
     masked_scores,
+    row_entropy_bits,
     score_bias,
     softmax_rows,
 )
@@ -70,12 +71,6 @@ from attnprune.methods.registry import register
 LOCATIONS = ("both", "attention", "ffn")
 FFN_PENALTIES = ("l1", "group")
 _GROUP_EPS = 1e-12  # smooths ‖a_u‖₂ at 0 (see the module docstring); far below any activation
-
-
-def row_entropy_bits(probs: Tensor) -> Tensor:
-    """Shannon entropy in bits of each attention row: (..., Tk) → (...). 0·log 0 = 0."""
-    logp = torch.log2(probs.clamp_min(1e-30))
-    return -(probs * logp).sum(-1)
 
 
 def masked_mean(x: Tensor, token_mask: Tensor | None, dims: tuple[int, ...]) -> Tensor:

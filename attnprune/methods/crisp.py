@@ -13,8 +13,9 @@ s = 0 gives k = n: the stock softmax exactly.
 
 S is the score the model's own softmax sees: the host passes the family's terms (Gemma 2's
 logit softcap, MPNet's relative position bias, DeBERTa-v2's disentangled c2p/p2c terms, see
-:func:`score_terms`), and with grouped-query attention the key heads repeated per query head,
-so the top-k is taken per query head.
+:func:`attnprune.attention.score_terms`), and with grouped-query attention the key heads
+repeated per query head, so the top-k is taken per query head. The score and top-k math lives
+in :mod:`attnprune.attention` (:func:`~attnprune.attention.topk_row_mask`).
 
 Gradients pass straight through the kept entries: the threshold is computed without gradient
 (it is a selection, not a function we differentiate), masked entries get −∞ and so a zero
@@ -44,7 +45,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnprune.attention import (
+    allowed_keys,
+    fused_attention,
+    masked_scores,
+    mean_normalised_entropy,
+    score_bias,
+    softmax_rows,
+    topk_row_mask,
+)
 from attnprune.methods.registry import register
+
+# the attention math lives in :mod:`attnprune.attention`; the names other modules imported
+# from here stay importable
+__all__ = ["S_MAX", "CrispAttention", "allowed_keys", "expected_kept_share", "fused_attention",
+           "masked_scores", "parse_sparsity", "score_bias", "softmax_rows", "topk_row_mask"]
 
 S_MAX = 0.99  # never mask a whole row's worth of keys; k ≥ 1 is also enforced per row
 
@@ -66,119 +81,6 @@ def parse_sparsity(sparsity: float | Sequence[float], n_layers: int) -> list[flo
         if not 0.0 <= v < 1.0:
             raise ValueError(f"sparsity: every value must be in [0, 1), got {v}")
     return values
-
-
-def allowed_keys(
-    mask: Tensor | None, is_causal: bool, tq: int, tk: int, device: torch.device
-) -> Tensor | None:
-    """Boolean (B|1, 1|H, Tq, Tk) mask, True = the query may attend to the key, or None (all).
-
-    Accepts HF's boolean masks (``sdpa_mask``) and additive float masks (``eager_mask``). When
-    the mask is None and the module is causal, rebuilds the triangle (HF passes None for plain
-    causal prefill and for decode steps); queries are the last Tq positions of the Tk keys."""
-    if mask is not None:
-        if mask.dtype != torch.bool:
-            # additive mask: 0 where allowed, finfo.min (or −inf) where not
-            mask = mask > torch.finfo(mask.dtype).min / 2
-        return mask[..., -tk:]
-    if is_causal and tq > 1:
-        q_pos = torch.arange(tk - tq, tk, device=device)[:, None]
-        k_pos = torch.arange(tk, device=device)[None, :]
-        return (k_pos <= q_pos)[None, None]
-    return None
-
-
-def score_terms(scores: Tensor, allowed: Tensor | None, *, softcap: float | None = None,
-                bias: Tensor | None = None) -> Tensor:
-    """The family's own terms on scaled scores S (B, H, Tq, Tk), then the mask (−∞).
-
-    ``softcap`` c (Gemma 2): S ← c·tanh(S/c), before the mask as in Gemma 2's attention; it is
-    monotone, so top-k picks the same keys, but the softmax differs. ``bias``: additive terms
-    that belong to the scores, broadcastable to S (MPNet's relative position bias, DeBERTa-v2's
-    disentangled c2p + p2c terms); added after the softcap (no family has both)."""
-    if softcap:
-        scores = torch.tanh(scores / softcap) * softcap
-    if bias is not None:
-        scores = scores + bias.to(scores.dtype)
-    if allowed is not None:
-        # in place on a tensor made above: no backward needs the overwritten values
-        scores = scores.masked_fill_(~allowed, float("-inf"))
-    return scores
-
-
-def masked_scores(query: Tensor, key: Tensor, scaling: float, allowed: Tensor | None, *,
-                  softcap: float | None = None, bias: Tensor | None = None) -> Tensor:
-    """S = QKᵀ·scaling with the family's terms (:func:`score_terms`) and disallowed entries at
-    −∞; (B, H, Tq, Tk). Query and key have the same number of heads (the host repeats GQA's
-    key/value heads)."""
-    # in place on the fresh matmul output: neither op's backward needs the overwritten values
-    scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)
-    return score_terms(scores, allowed, softcap=softcap, bias=bias)
-
-
-def score_bias(mask: Tensor | None, tk: int, bias: Tensor | None = None) -> Tensor | None:
-    """``bias`` (the family's own score terms, or None) plus the finite part of an additive
-    float mask.
-
-    HF's own masks are boolean here (``sdpa_mask``) or 0 / finfo.min, which ``allowed_keys``
-    covers. A token method stacked on the same model (``attnprune.patch(..., stack=True)``)
-    passes, in training, soft masks log m̃_j on the keys (``hf_encoder`` ``soft_mode="bias"``,
-    ``hf_causal``'s alive weights); treating them as allowed/not-allowed only would drop the
-    relaxation that lets the token gate learn."""
-    if mask is None or mask.dtype == torch.bool:
-        return bias
-    m = mask[..., -tk:]
-    soft = torch.where(m > torch.finfo(m.dtype).min / 2, m,
-                       torch.zeros((), dtype=m.dtype, device=m.device))
-    return soft if bias is None else bias + soft
-
-
-def softmax_rows(scores: Tensor) -> Tensor:
-    """softmax over the last axis; rows with no allowed key (all −∞) give zeros, not NaN."""
-    probs = torch.softmax(scores, dim=-1)
-    return torch.nan_to_num(probs, nan=0.0)
-
-
-def fused_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, *,
-                    is_causal: bool, scaling: float, dropout: float, training: bool,
-                    softcap: float | None = None, bias: Tensor | None = None) -> Tensor:
-    """softmax(S)V through ``F.scaled_dot_product_attention`` where it can express S; out
-    (B, Tq, H, d). A bias joins the mask as one additive float mask (finfo.min where not
-    allowed, as HF's eager paths do, so a row with no allowed key is uniform, not NaN); the
-    softcap's tanh has no fused form, so softcapped families take the dense path."""
-    tq, tk = query.shape[-2], key.shape[-2]
-    p = dropout if training else 0.0
-    if softcap:
-        allowed = allowed_keys(mask, is_causal, tq, tk, query.device)
-        probs = softmax_rows(masked_scores(query, key, scaling, allowed, softcap=softcap,
-                                          bias=bias)).to(value.dtype)
-        probs = F.dropout(probs, p=p, training=training)
-        return torch.matmul(probs, value).transpose(1, 2).contiguous()
-    causal = False
-    if bias is not None:
-        allowed = allowed_keys(mask, is_causal, tq, tk, query.device)
-        mask = bias.to(query.dtype)
-        if allowed is not None:  # where() broadcasts a (1, H, ·) bias against a (B, 1, ·) mask
-            mask = torch.where(allowed, mask, torch.finfo(query.dtype).min)
-    else:
-        causal = mask is None and is_causal and tq > 1
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=p,
-                                         scale=scaling, is_causal=causal)
-    return out.transpose(1, 2).contiguous()
-
-
-def topk_row_mask(scores: Tensor, sparsity: float) -> Tensor:
-    """Boolean mask of the entries kept by crisp: per row the k = ⌈(1 − s)·n⌉ largest finite
-    scores (n = finite entries of the row), ties at the threshold kept. No gradient."""
-    with torch.no_grad():
-        finite = torch.isfinite(scores)
-        n = finite.sum(-1, keepdim=True)  # (B, H, Tq, 1)
-        k = torch.clamp(torch.ceil((1.0 - sparsity) * n.float()).long(), min=1)
-        k = torch.minimum(k, torch.clamp(n, min=1))
-        k_max = int(k.max())
-        top = torch.topk(scores, k_max, dim=-1).values  # sorted descending
-        thr = top.gather(-1, k - 1)
-        return (scores >= thr) & finite
 
 
 @register("crisp", kind="attention", paper="crisp_attention.txt")
@@ -261,10 +163,7 @@ class CrispAttention(nn.Module):
     def _update_entropy(self, layer: int, scores: Tensor) -> None:
         """EMA of the layer's mean normalised row entropy of the dense attention (training)."""
         with torch.no_grad():
-            p = torch.softmax(scores.float(), dim=-1)
-            h = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
-            n = torch.isfinite(scores).sum(-1).clamp(min=2).float()
-            h_norm = (h / torch.log(n)).mean()
+            h_norm = mean_normalised_entropy(scores)
             m = self.momentum
             self.entropy_ema[layer] = m * self.entropy_ema[layer] + (1 - m) * h_norm
 

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnprune.methods.crisp import (
+from attnprune.attention import (
     allowed_keys,
     fused_attention,
     masked_scores,

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnprune.methods.attention_mass import attention_received
+from attnprune.attention import attention_received
 from attnprune.methods.base import Selection, TokenMethod
 from attnprune.methods.registry import register
 from attnprune.selection import threshold_keep
