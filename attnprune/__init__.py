@@ -14,8 +14,6 @@
 Importing the package has no side effects: no threads set, no files written, no network.
 """
 
-import os as _os
-
 from attnprune.api import (
                            UntrainedMethodWarning,
                            aux_loss,
@@ -27,10 +25,6 @@ from attnprune.api import (
 from attnprune.deploy import quantize_int8, sparse_ffn
 from attnprune.deploy.compiled import compile
 from attnprune.deploy.hub import from_pretrained, save_pretrained
-
-# Modules that moved in 0.2 keep their old import paths until 0.3, with a DeprecationWarning
-# (attnprune/_deprecated/: one small file per old path, imported only when that path is)
-__path__.append(_os.path.join(_os.path.dirname(__file__), "_deprecated"))
 
 __version__ = "0.1.0"
 __all__ = ["UntrainedMethodWarning", "__version__", "aux_loss", "compile", "from_pretrained", "list_methods",

@@ -1,15 +1,13 @@
 """The tree tells the architecture (docs/architecture.md): layers import downwards only, no
-import circle, a small top level, and the old import paths of moved modules still work.
+import circle and a small top level.
 
 The graph is read from the source (every ``import`` statement, function-level ones included),
 so a lazy import that crosses a layer is caught as well as a top-level one."""
 
 import ast
-import importlib
 import re
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -45,8 +43,7 @@ def module_name(path: Path, root: Path = ROOT) -> str:
 
 
 def source_modules(root: Path = ROOT) -> dict[str, Path]:
-    return {module_name(p, root): p for p in root.rglob("*.py")
-            if "_deprecated" not in p.relative_to(root).parts}
+    return {module_name(p, root): p for p in root.rglob("*.py")}
 
 
 def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
@@ -145,7 +142,7 @@ def test_no_import_circle():
 
 
 def test_every_import_names_a_module_that_exists_at_its_new_path():
-    """Code inside the package never goes through an old (deprecated) path."""
+    """Code inside the package imports only modules that exist."""
     g = graph()
     known = set(g)
     stale = sorted(f"{m} imports {t}" for m, ts in g.items() for t in ts if t not in known)
@@ -188,45 +185,6 @@ def test_import_attnprune_loads_only_the_library():
                          check=True, timeout=120).stdout.split()
     above = [m for m in out if layer(m) > 0]
     assert "attnprune.api" in out and above == []
-
-
-@pytest.mark.parametrize("old, new", [
-    ("attnprune.stats", "attnprune.runs.stats"),
-    ("attnprune.registry", "attnprune.methods.registry"),
-    ("attnprune.finetune", "attnprune.research.finetune"),
-    ("attnprune.experiments.passkey", "attnprune.research.experiments.passkey"),
-    ("attnprune.data.text", "attnprune.research.data.text"),
-])
-def test_old_paths_are_the_new_module_with_a_deprecation_warning(old, new):
-    code = (f"import warnings, sys\nwarnings.simplefilter('always')\n"
-            f"with warnings.catch_warnings(record=True) as w:\n"
-            f"    import {old} as o\n"
-            f"import {new} as n\n"
-            f"assert o is n, (o, n)\n"
-            f"assert sys.modules['{old}'] is n\n"
-            f"assert any(issubclass(x.category, DeprecationWarning) and '{new}' in str(x.message)"
-            f" for x in w), [str(x.message) for x in w]\n")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
-
-
-def test_old_package_path_reads_the_new_packages_names():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        old = importlib.import_module("attnprune.synthetic")
-    from attnprune.research.synthetic import run
-
-    assert old.run is run
-
-
-def test_python_dash_m_runs_an_old_path(tmp_path):
-    r = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-m",
-                        "attnprune.research.data.long_text"], capture_output=True, text=True,
-                       timeout=120, check=False)
-    old = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-m",
-                          "attnprune.data.long_text"], capture_output=True, text=True, timeout=120,
-                         check=False)
-    assert old.returncode == r.returncode
-    assert old.stdout == r.stdout
 
 
 def test_no_source_file_is_ignored_by_git():
@@ -292,7 +250,7 @@ def test_private_torch_and_transformers_names_only_in_the_compat_module():
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel == "compat.py" or rel.startswith("_deprecated/"):
+        if rel == "compat.py":
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("#", 1)[0]

@@ -81,11 +81,10 @@ def test_methods_help_names_every_kind(capsys):
 
 def test_architecture_doc_register_calls_and_versions_match_the_code():
     """Its ``@register(...)`` is a call the registry takes (``kind`` is required), and the
-    versions it names are the package's and the one the old paths' warning names."""
+    only version it names is the package's."""
     import inspect
 
     import attnprune
-    from attnprune._deprecated import REMOVED_IN
     from attnprune.methods.registry import register
 
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
@@ -97,7 +96,7 @@ def test_architecture_doc_register_calls_and_versions_match_the_code():
         sig.bind(*[ast.literal_eval(a) for a in node.args],
                  **{k.arg: ast.literal_eval(k.value) for k in node.keywords})  # TypeError if not
     versions = set(re.findall(r"\b0\.\d+(?:\.\d+)?\b", text))
-    assert versions <= {attnprune.__version__, REMOVED_IN}, versions
+    assert versions <= {attnprune.__version__}, versions
 
 
 # ---------------------------------------------------------------------------- README snippets
