@@ -1,4 +1,4 @@
-"""Token methods walked over the registry × the encoder families of ``hf_attention.FAMILIES``.
+"""Token methods walked over the registry × the encoder families of ``hosts.families.FAMILIES``.
 
 Tiny random models (the configs of ``test_attention_families``: 2 layers, width 32, 4 heads,
 T = 12 with two right-padded rows): BERT, RoBERTa, DistilBERT, XLM-R, CamemBERT, ELECTRA,
@@ -24,7 +24,7 @@ import transformers as tf
 from test_attention_families import ARCHS, V, batch, build  # tests/ is on sys.path
 
 import attnprune
-from attnprune.hosts.hf_attention import FAMILIES
+from attnprune.hosts.families import FAMILIES
 from attnprune.measure import count_flops
 from attnprune.methods.base import Selection
 

@@ -48,13 +48,13 @@ def test_the_command_tables_list_every_command(page, heading):
 
 
 def test_lm_names_the_decoder_families_it_handles():
-    """It said "GPT-2 family"; the hosts handle GPT-2 and every family of hf_llama.FAMILIES."""
-    from attnprune.hosts.hf_llama import FAMILIES
+    """It said "GPT-2 family"; the hosts handle GPT-2 and every rotary family of the family table."""
+    from attnprune.hosts.families import rotary_families
 
     def names(text):
         return {n.lower().replace("-", "") for n in re.findall(r"[A-Z][\w-]*\d?", text)}
 
-    want = {"gpt2", *FAMILIES}
+    want = {"gpt2", *rotary_families()}
     summary = COMMANDS[("lm",)][1]
     assert names(summary.split(":", 1)[1]) == want
     from attnprune.research import lm  # its docstring heads `attnprune lm --help`

@@ -3,10 +3,11 @@ BERT, DistilBERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, ALBERT, MPNet, DeBERTa-v2/
 ModernBERT, GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Phi-3
 (``docs/families_attention.md`` has the table of what is tested).
 
-One generic host reads a table of per-family facts (``FAMILIES``, keyed by
-``config.model_type``): which modules are the self-attention, which linear layer is the FFN's
-W1, whether a fused FFN projection's first half is the activated one, whether the scores come
-through HF's attention interface or need an adapter, and whether layers share one module.
+One generic host reads its facts from the family table every host reads
+(``hosts/families.py``: ``FAMILIES``, keyed by ``config.model_type``): which modules are the
+self-attention, which linear layer is the FFN's W1, whether a fused FFN projection's first
+half is the activated one, whether the scores come through HF's attention interface or need an
+adapter, and whether layers share one module.
 A family not listed gets the generic defaults; one that cannot be served says why.
 
 How it wires a method in (see ``../shared/HF_NOTES.md``):
@@ -77,12 +78,18 @@ from __future__ import annotations
 
 import copyreg
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 import torch
 from torch import nn
 
+from attnprune.attention import (
+    allowed_keys,
+    fused_attention,
+    masked_scores,
+    score_bias,
+    softmax_rows,
+)
 from attnprune.compat import attn_implementation
 from attnprune.hosts import (
     CallData,
@@ -97,124 +104,14 @@ from attnprune.hosts import (
     replace_forward,
     restore_forward,
 )
+from attnprune.hosts.families import Family, family
 from attnprune.methods import registry
-from attnprune.methods.crisp import (
-    allowed_keys,
-    fused_attention,
-    masked_scores,
-    score_bias,
-    softmax_rows,
-)
 
 METHOD_ATTR = "attnprune_method"
-# FFN first layers (W1 of eq. 2 in the cost paper), by module-name suffix, for a model whose
-# family is not in FAMILIES
-FFN_SUFFIXES = ("intermediate.dense", "ffn.lin1", "mlp.c_fc", "mlp.fc1", "mlp.up_proj")
 # The attention implementation name of every patched model (the function behind it holds no
 # state, so one registration serves every model and every copy, and is never removed).
 IMPL = "attnprune_attention"
 STATE_ATTR = "_attnprune_attention"  # on each numbered attention module: the patch state
-
-
-@dataclass(frozen=True)
-class Family:
-    """Facts about one model family (``config.model_type``) that the generic host reads.
-
-    ``attention``: class names of the self-attention modules; empty = found generically (a
-    module with ``scaling``, ``is_causal`` and ``config``: BERT, GPT-2, Llama, … all have them).
-    ``ffn``: module-name suffixes of the FFN's first layer (W1x + b1 of the cost paper).
-    ``ffn_first_half``: that layer is a fused [activated | linear] projection (Phi-3's
-    ``gate_up_proj``, ModernBERT's ``Wi``): the pre-activation is its first half.
-    ``scores``: ``"interface"`` = the module calls HF's attention interface with
-    (q, k, v, mask, scaling, softcap…); otherwise the name of an adapter in ``ADAPTERS`` that
-    replaces the module's forward for families computing scores in their own forward.
-    ``depth``: for families whose layers share one module (ALBERT), the number of times the
-    shared attention runs per forward; each run is its own layer for the method.
-    ``refused``: why the family cannot be patched (a ValueError says it).
-
-    Facts the token host (``hf_encoder``) reads:
-    ``token``: the name of the encoder's anatomy in ``hf_encoder_families.ANATOMIES`` (where the
-    layers live, what a layer call takes, the position terms a gathered token must keep);
-    None = not an encoder that host serves (decoders have their own token hosts).
-    ``token_refused``: why token methods cannot run on the family (a ValueError says it).
-    ``cls_head``: ``*ForSequenceClassification`` class names whose head reads only
-    ``hidden[:, 0]`` (CLS, kept at position 0 by every gather), so the token host may return
-    the short gathered batch (``output="auto"``).
-    """
-
-    attention: tuple[str, ...] = ()
-    ffn: tuple[str, ...] = FFN_SUFFIXES
-    ffn_first_half: bool = False
-    scores: str = "interface"
-    depth: Callable[[object], int] | None = None
-    refused: str | None = None
-    token: str | None = None
-    token_refused: str | None = None
-    cls_head: tuple[str, ...] = ()
-
-
-_BERT_FFN = ("intermediate.dense",)
-
-
-def _albert_depth(config) -> int:
-    """ALBERT's attention runs per forward (a module-level function, not a lambda: the family
-    table is reached from patched models, which must pickle)."""
-    return config.num_hidden_layers * config.inner_group_num
-
-
-# SwiGLU / GeGLU decoders: act(gate_proj x) ⊙ up_proj x. The activation (and so the sparsity the
-# cost paper's ReLU(W1x + b1) term asks for) is on gate_proj; up_proj is linear, sign-symmetric.
-_GATED_FFN = ("mlp.gate_proj",)
-FAMILIES: dict[str, Family] = {
-    "bert": Family(ffn=_BERT_FFN, token="bert", cls_head=("BertForSequenceClassification",)),
-    "roberta": Family(ffn=_BERT_FFN, token="bert",
-                      cls_head=("RobertaForSequenceClassification",)),
-    "xlm-roberta": Family(ffn=_BERT_FFN, token="bert",
-                          cls_head=("XLMRobertaForSequenceClassification",)),
-    "camembert": Family(ffn=_BERT_FFN, token="bert",
-                        cls_head=("CamembertForSequenceClassification",)),
-    # ELECTRA projects its embeddings to the hidden width before the encoder (outside the loop)
-    "electra": Family(ffn=_BERT_FFN, token="bert",
-                      cls_head=("ElectraForSequenceClassification",)),
-    "distilbert": Family(ffn=("ffn.lin1",), token="distilbert",
-                         cls_head=("DistilBertForSequenceClassification",)),
-    "gpt2": Family(ffn=("mlp.c_fc",)),
-    "llama": Family(ffn=_GATED_FFN),
-    "mistral": Family(ffn=_GATED_FFN),
-    "qwen2": Family(ffn=_GATED_FFN),
-    "qwen3": Family(ffn=_GATED_FFN),
-    "gemma": Family(ffn=_GATED_FFN),
-    "gemma2": Family(ffn=_GATED_FFN),
-    "phi3": Family(ffn=("mlp.gate_up_proj",), ffn_first_half=True),
-    # one AlbertLayer per (group, inner index), run num_hidden_layers times in turn
-    "albert": Family(ffn=("ffn",), depth=_albert_depth,
-                     token="albert", cls_head=("AlbertForSequenceClassification",)),
-    "mpnet": Family(attention=("MPNetSelfAttention",), ffn=_BERT_FFN, scores="mpnet",
-                    token="mpnet", cls_head=("MPNetForSequenceClassification",)),
-    "deberta-v2": Family(attention=("DisentangledSelfAttention",), ffn=_BERT_FFN,
-                         scores="deberta", token="deberta",
-                         cls_head=("DebertaV2ForSequenceClassification",)),
-    # no ``scaling`` attribute (it passes head_dim**-0.5 to the interface), hence the name;
-    # no cls_head: its classifier pools by config (``classifier_pooling`` "mean" reads every
-    # position)
-    "modernbert": Family(attention=("ModernBertAttention",), ffn=("mlp.Wi",),
-                         ffn_first_half=True, token="modernbert"),
-    "deberta": Family(refused=(
-        "DeBERTa v1 computes its scores inside its own forward (a fused in_proj, its own "
-        "c2p/p2c terms, optional talking-head mixing of the scores across heads) and no "
-        "adapter is written for it; DeBERTa-v2/v3 (model_type 'deberta-v2') is supported"),
-        token_refused=(
-        "DeBERTa v1's relative positions are built inside its encoder for consecutive tokens "
-        "and no anatomy is written for it (hf_encoder_families), so gathered tokens would lose "
-        "their original relative positions; DeBERTa-v2/v3 (model_type 'deberta-v2') is "
-        "supported")),
-}
-
-
-def family(model: nn.Module) -> Family:
-    """The facts of ``model``'s family (the generic defaults for a model type not listed)."""
-    cfg = getattr(model, "config", None)
-    return FAMILIES.get(getattr(cfg, "model_type", None), Family())
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:
@@ -678,7 +575,7 @@ def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPa
         raise ValueError(
             f"model: found no self-attention module in {kind} that calls HF's attention "
             f"interface, and its family has no adapter for scores computed in its own forward "
-            f"(hf_attention.FAMILIES)")
+            f"(hosts.families.FAMILIES)")
     n_layers = fam.depth(model.config) if fam.depth is not None else len(attn)
     ffn_suffixes = options.pop("ffn_modules", None)
     method = registry.create(spec.name, context=_context(model, n_layers), **options)

@@ -2,7 +2,9 @@
 
 The token host runs one loop for every encoder: call layer l on the tokens still present,
 score, gather the kept ones (ascending original order), go on. What a family adds is read
-from ``hf_attention.FAMILIES[model_type].token``, the name of an :class:`Anatomy` here:
+from the family table (``hosts/families.py``: ``FAMILIES[model_type].token``), the name of an
+:class:`Anatomy` here (:data:`ANATOMIES` holds the code of each anatomy, keyed by that name;
+the facts of a family, its anatomy's name included, are the table's):
 
 * where the layer loop lives (``encoder``) and its layers in run order (``layers``: ALBERT's
   shared layers are listed once per depth), and the query/key linears the scorer hooks (``qk``);
@@ -226,8 +228,8 @@ def _deberta_soft_layer(layer, hidden, att, rel, rel_emb, soft):
     with a boolean (``masked_fill``), where an additive bias cannot enter, so this path takes
     the scores from :func:`hf_attention.deberta_terms` (the module's own projections and
     c2p/p2c) and adds the bias; the rest is the layer's own modules, in its order."""
+    from attnprune.attention import fused_attention
     from attnprune.hosts.hf_attention import deberta_terms
-    from attnprune.methods.crisp import fused_attention
 
     sa = layer.attention.self
     if "forward" in sa.__dict__:  # an attention method stacked through hf_attention's adapter

@@ -1,11 +1,12 @@
 """Causal token pruning for rotary decoder families (Llama, Mistral, Qwen2/3, Gemma/Gemma2, Phi-3).
 
 ``attnprune.patch(lm, "ltp" | "dtr" | "hybrid", **options)`` on a ``*ForCausalLM`` (or the bare
-``*Model``) of a family in :data:`FAMILIES` replaces the inner model's ``forward`` by
-:func:`rotary_forward` (:func:`attnprune.hosts.replace_forward`; the class stays the stock
-one), which runs the block loop of :func:`attnprune.hosts.hf_causal.block_loop`: the same
-decisions, gathers, KV-cache handling, row bucketing, relaxed training masks and per-call
-state as the GPT-2 host (read its module docstring for the convention and the notation).
+``*Model``) of a family marked ``rotary`` in :data:`attnprune.hosts.families.FAMILIES`
+replaces the inner model's ``forward`` by :func:`rotary_forward`
+(:func:`attnprune.hosts.replace_forward`; the class stays the stock one), which runs the
+block loop of :func:`attnprune.hosts.hf_causal.block_loop`: the same decisions, gathers,
+KV-cache handling, row bucketing, relaxed training masks and per-call state as the GPT-2 host
+(read its module docstring for the convention and the notation).
 Layers, attention, final norm and LM head stay the stock HF modules.
 
 What differs from GPT-2 is how positions enter. GPT-2 adds a position embedding once at the
@@ -19,8 +20,9 @@ them, and never write them to the KV cache; a decode step's position is layer 0'
 
 The families share one structure in transformers 5.23 (``embed_tokens`` → ``rotary_emb`` →
 ``layers`` → ``norm``; layer call ``layer(h, attention_mask=…, position_ids=…,
-past_key_values=…, use_cache=…, position_embeddings=(cos, sin))``), so the per-family table
-below holds only the facts that differ; ``docs/families.md`` lists the rest.
+past_key_values=…, use_cache=…, position_embeddings=(cos, sin))``), so the family table (``hosts/families.py``: ``rotary``,
+``window``, ``layer_use_cache``, ``rotary_refused``) holds only the facts that differ;
+``docs/families.md`` lists the rest.
 
 Sliding windows (Mistral, Gemma2, Qwen2/3 with ``use_sliding_window``): HF masks a window by
 query − key index, which after a gather is no longer the distance in positions. While every
@@ -36,13 +38,12 @@ config's ``use_cache``): training and scoring need none, ``generate`` asks for o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor, nn
 
 from attnprune.compat import BaseModelOutputWithPast
 from attnprune.hosts import register_host
+from attnprune.hosts.families import FAMILIES, Family, rotary_families
 from attnprune.hosts.hf_causal import (
     CausalPatchState,
     _one_cache,
@@ -54,49 +55,10 @@ from attnprune.hosts.hf_causal import (
 )
 from attnprune.selection import group_overhead_slots
 
-__all__ = ["FAMILIES", "REFUSED", "DecoderFamily", "family_of", "rotary_forward"]
+__all__ = ["family_of", "rotary_forward", "rotary_inner", "sliding_window"]
 
 
-@dataclass(frozen=True)
-class DecoderFamily:
-    """Facts of one family that the host reads (the rest is common; see docs/families.md).
-
-    ``window``: where the config says which layers use a sliding window: "" none,
-    "sliding_window" (every layer, when the field is not None: Mistral, Phi-3),
-    "layer_types" (the layers marked ``sliding_attention``: Qwen2/3, Gemma2).
-    ``layer_use_cache``: the decoder layer's ``forward`` takes ``use_cache`` (Gemma2's does
-    not: its cache writes depend on ``past_key_values`` alone).
-    """
-
-    model_type: str
-    window: str = ""
-    layer_use_cache: bool = True
-
-
-FAMILIES: dict[str, DecoderFamily] = {f.model_type: f for f in (
-    DecoderFamily("llama"),
-    DecoderFamily("mistral", window="sliding_window"),
-    DecoderFamily("qwen2", window="layer_types"),
-    DecoderFamily("qwen3", window="layer_types"),
-    DecoderFamily("gemma"),
-    DecoderFamily("gemma2", window="layer_types", layer_use_cache=False),
-    DecoderFamily("phi3", window="sliding_window"),
-)}
-
-# Families with the same outer shape whose differences the host does not handle (yet).
-REFUSED: dict[str, str] = {
-    "gemma3_text": "its rotary embedding differs per layer type (a local base for sliding "
-                   "layers, a global one for full layers), one (cos, sin) per type is not wired",
-    "gemma3": "a multimodal wrapper around gemma3_text, whose rotary embedding differs per "
-              "layer type (not wired)",
-    "mixtral": "mixture-of-experts layers: per-expert work and the router's auxiliary loss "
-               "under pruning were not checked",
-    "qwen2_moe": "mixture-of-experts layers (not checked)",
-    "qwen3_moe": "mixture-of-experts layers (not checked)",
-}
-
-
-def _inner(model: nn.Module) -> nn.Module | None:
+def rotary_inner(model: nn.Module) -> nn.Module | None:
     """The bare decoder (``*Model``) of a ``*ForCausalLM`` or the model itself, if it has the
     rotary-decoder shape (embed_tokens, layers, norm, rotary_emb)."""
     base = getattr(model, "base_model", model)
@@ -105,18 +67,21 @@ def _inner(model: nn.Module) -> nn.Module | None:
     return None
 
 
-def family_of(model: nn.Module) -> DecoderFamily:
-    """The table entry of ``model``; ValueError saying why a family is refused."""
-    inner = _inner(model)
+def family_of(model: nn.Module) -> Family:
+    """The table entry of ``model`` (``hosts.families.FAMILIES``, a row with ``rotary``);
+    ValueError saying why a family is refused."""
+    inner = rotary_inner(model)
     mt = getattr(getattr(inner, "config", None), "model_type", None)
-    if inner is None or mt not in FAMILIES:
-        why = REFUSED.get(mt, "its layer call and how positions enter were not checked")
+    fam = FAMILIES.get(mt)
+    if inner is None or fam is None or not fam.rotary:
+        why = ((fam.rotary_refused if fam is not None else None)
+               or "its layer call and how positions enter were not checked")
         raise ValueError(f"model: {type(model).__name__} (model_type {mt!r}) is not in the causal "
-                         f"decoder table: {why}; supported: {', '.join(FAMILIES)}")
-    return FAMILIES[mt]
+                         f"decoder table: {why}; supported: {', '.join(rotary_families())}")
+    return fam
 
 
-def sliding_window(config, family: DecoderFamily) -> int | None:
+def sliding_window(config, family: Family) -> int | None:
     """The window W some layer uses, or None when no layer slides."""
     w = getattr(config, "sliding_window", None)
     if family.window == "layer_types":
@@ -179,7 +144,7 @@ def rotary_forward(state: CausalPatchState, original, input_ids=None, attention_
 
 def _matches(model: nn.Module) -> bool:
     # Every rotary decoder of this shape comes here, so that refused ones hear why.
-    return _inner(model) is not None and type(model).__module__.startswith("transformers.")
+    return rotary_inner(model) is not None and type(model).__module__.startswith("transformers.")
 
 
 @register_host("hf_llama", kinds=("token",), matches=_matches)
@@ -191,10 +156,10 @@ def patch(model: nn.Module, spec, keep_ratio: float | None = None, layers=None,
     (1.0 = pruning off, stock outputs), ``layers`` (decision layers ≥ 1), ``enabled``,
     ``bucket_rows``; other ``options`` go to the method.
     """
-    family = family_of(model)
-    inner = _inner(model)
+    family_of(model)  # ValueError for a refused family
+    inner = rotary_inner(model)
     c = inner.config
     context = {"d_model": c.hidden_size, "n_layers": c.num_hidden_layers,
                "n_heads": c.num_attention_heads}
-    return patch_causal(model, inner, spec, rotary_forward, f"{family.model_type} models",
+    return patch_causal(model, inner, spec, rotary_forward, f"{c.model_type} models",
                         context, keep_ratio, layers, enabled, bucket_rows, options)

@@ -1,6 +1,6 @@
 """Wiring of training-free prefill pruning (:mod:`attnprune.prefill`) into the rotary decoder
-families of :data:`attnprune.hosts.hf_llama.FAMILIES` (Llama, Mistral, Qwen2/3, Gemma/Gemma2,
-Phi-3) and GPT-2.
+families the causal host serves (``rotary`` in :data:`attnprune.hosts.families.FAMILIES`:
+Llama, Mistral, Qwen2/3, Gemma/Gemma2, Phi-3) and GPT-2.
 
 :class:`RotaryDecoder` (and :class:`GPT2Decoder`) is a thin view of a ``*ForCausalLM`` that
 exposes the calls prefill pruning makes, so that :mod:`attnprune.prefill` never touches an HF class: embed ids, rotate
@@ -41,8 +41,9 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from attnprune.compat import create_causal_mask
+from attnprune.hosts.families import rotary_families
 from attnprune.hosts.hf_causal import _gpt2, cache_kwargs
-from attnprune.hosts.hf_llama import FAMILIES, _inner, family_of, sliding_window
+from attnprune.hosts.hf_llama import family_of, rotary_inner, sliding_window
 
 __all__ = ["GPT2Decoder", "RotaryDecoder", "decoder_for"]
 
@@ -115,7 +116,7 @@ class RotaryDecoder(_Decoder):
 
     def __init__(self, model: nn.Module) -> None:
         self.family = family_of(model)  # ValueError for refused families
-        self.inner = _inner(model)
+        self.inner = rotary_inner(model)
         self.lm_head = _lm_head(model, self.inner)
         self.config = self.inner.config
         self.n_layers = len(self.inner.layers)
@@ -219,4 +220,4 @@ def decoder_for(model: nn.Module) -> _Decoder:
 
 def supported_families() -> list[str]:
     """The model types prefill pruning runs on (those of the causal pruning hosts)."""
-    return ["gpt2", *FAMILIES]
+    return ["gpt2", *rotary_families()]
