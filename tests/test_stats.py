@@ -194,7 +194,7 @@ def test_bootstrap_auc_rows_match_sklearn_per_resample():
     y = rng.integers(0, 2, 60).astype(bool)
     s = np.round(rng.random(60) + y, 1)
     idx = rng.integers(0, 60, (8, 60))
-    f = S._auc_by_weights(y, s)
+    f = S.bootstrap._auc_by_weights(y, s)
     np.testing.assert_allclose(f(idx), [roc_auc_score(y[i], s[i]) for i in idx])
 
 

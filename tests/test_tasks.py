@@ -167,7 +167,7 @@ def test_separators_survive_every_gather(tiny, monkeypatch, kind, method):
     the ids the caller names (finetune passes the tokenizer's)."""
     from transformers import AutoTokenizer
 
-    import attnprune.hosts.hf_encoder as host
+    import attnprune.hosts.hf_encoder_loop as host
 
     tok = AutoTokenizer.from_pretrained(tiny / "model")
     d = load_text_data(f"csv:{tiny / 'nli.csv'}", "premise", "label", "hypothesis")
@@ -204,7 +204,7 @@ def test_roberta_pair_separators_kept_from_its_config_ids(monkeypatch):
     ``bos/eos_token_id`` (0 and 2) tell the host which tokens to keep, with no option given."""
     from transformers import RobertaConfig, RobertaForSequenceClassification
 
-    import attnprune.hosts.hf_encoder as host
+    import attnprune.hosts.hf_encoder_loop as host
 
     torch.manual_seed(0)
     model = RobertaForSequenceClassification(RobertaConfig(
@@ -277,7 +277,7 @@ def test_resampled_mcc_and_correlations_match_the_libraries():
     y = rng.integers(0, 3, 80)
     pred = np.where(rng.random(80) < 0.6, y, rng.integers(0, 3, 80))
     idx = rng.integers(0, 80, (40, 80))
-    est, rows = S._row_metric("mcc", y, pred, True)
+    est, rows = S.bootstrap._row_metric("mcc", y, pred, True)
     assert est == pytest.approx(matthews_corrcoef(y, pred))
     np.testing.assert_allclose(rows(idx), [matthews_corrcoef(y[r], pred[r]) for r in idx],
                                atol=1e-12)
@@ -286,7 +286,7 @@ def test_resampled_mcc_and_correlations_match_the_libraries():
     x[:5] = x[5]  # ties: Spearman uses mid-ranks
     idx = rng.integers(0, 60, (40, 60))
     for metric, fn in (("pearson", sps.pearsonr), ("spearman", sps.spearmanr)):
-        est, rows = S._row_metric(metric, t, x, True)
+        est, rows = S.bootstrap._row_metric(metric, t, x, True)
         assert est == pytest.approx(fn(t, x).statistic)
         np.testing.assert_allclose(rows(idx), [fn(t[r], x[r]).statistic for r in idx],
                                    atol=1e-12)
