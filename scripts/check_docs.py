@@ -314,7 +314,7 @@ def check_links(root: Path, files: list[Path]) -> tuple[list[Problem], list[str]
 # command words → the config dataclass its parser fills (``parse_command_line`` / ``load_config``
 # rejects any other key), plus the options the command reads itself.
 CONFIGS: dict[tuple[str, ...], tuple[str, set[str]]] = {
-    ("reproduce", "synthetic"): ("attnprune.research.synthetic.run:SyntheticConfig", {"quick"}),
+    ("reproduce", "synthetic"): ("attnprune.research.synthetic.config:SyntheticConfig", {"quick"}),
     ("reproduce", "attention"): ("attnprune.research.experiments.attention_sweeps:SweepConfig", set()),
     ("reproduce", "budget"): ("attnprune.research.experiments.token_budget:BudgetConfig", set()),
     ("reproduce", "intensity"): ("attnprune.research.experiments.intensity_runs:IntensityRunsConfig", set()),

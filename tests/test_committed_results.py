@@ -83,7 +83,7 @@ def one_thread():
 # ---------------------------------------------------------------------------------------------
 def _synthetic(folder: str):
     """(config, summary, folder) of a committed synthetic run."""
-    from attnprune.research.synthetic.run import SyntheticConfig
+    from attnprune.research.synthetic.config import SyntheticConfig
     from attnprune.runs.config import load_config
 
     path = RESULTS / folder
@@ -110,7 +110,7 @@ def _require_same_precision(folder: str, cfg, summary: dict) -> None:
 def test_synthetic_committed_config_is_the_command_default(folder, precision):
     """``make reproduce`` (no --config) runs SyntheticConfig's defaults: the committed folder
     must hold that config, or it is not what the command writes."""
-    from attnprune.research.synthetic.run import SyntheticConfig
+    from attnprune.research.synthetic.config import SyntheticConfig
     from attnprune.runs.config import read_yaml, to_dict
 
     assert read_yaml(RESULTS / folder / "config.yaml") == to_dict(
@@ -185,7 +185,8 @@ def test_synthetic_table_is_derived_from_its_committed_runs(folder):
     from sklearn.metrics import roc_auc_score
 
     from attnprune.research.synthetic import run as R
-    from attnprune.runs.results import ResultsDir, _jsonable
+    from attnprune.research.synthetic import summary as S
+    from attnprune.runs.results import ResultsDir, jsonable
 
     cfg, summary, path = _synthetic(folder)
     results = ResultsDir(path, writer=False)
@@ -195,16 +196,16 @@ def test_synthetic_table_is_derived_from_its_committed_runs(folder):
     main = [r for r in records if r["group"] == "main"]
     rebuilt = {
         **summary,
-        "methods": {m: R._method_summary([r for r in main if r["label"] == m],
-                                         eff["methods"].get(m)) for m in cfg.methods},
-        "ablations": R._ablation_summary(cfg, records),
+        "methods": {m: S.method_summary([r for r in main if r["label"] == m],
+                                        eff["methods"].get(m)) for m in cfg.methods},
+        "ablations": S.ablation_summary(cfg, records),
     }
 
     def canon(x):
-        return json.dumps(json.loads(json.dumps(_jsonable(x))), sort_keys=True)
+        return json.dumps(json.loads(json.dumps(jsonable(x))), sort_keys=True)
 
     assert canon(rebuilt) == canon(summary)
-    assert R.format_table(rebuilt) + "\n" == (path / "table.txt").read_text(encoding="utf-8")
+    assert S.format_table(rebuilt) + "\n" == (path / "table.txt").read_text(encoding="utf-8")
     csv_rows = (path / "metrics.csv").read_text().splitlines()
     assert len(csv_rows) == len(records) + 1
     for r in main:

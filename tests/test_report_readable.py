@@ -123,11 +123,11 @@ def test_two_seeds_show_their_values_not_a_spread(tmp_path):
 
 
 def test_synthetic_text_table_has_no_spread_from_two_seeds():
-    from attnprune.research.synthetic.run import _ci
+    from attnprune.research.synthetic.summary import format_ci
 
     two = {"mean": 0.5775, "ci95": [0.03749, 1.118], "per_seed": [0.62, 0.535]}
-    assert _ci(two) == "0.620/0.535" and "±" not in _ci(two)
-    assert _ci({"mean": 0.5, "ci95": [0.45, 0.55], "per_seed": [0.45, 0.5, 0.55]}) == "0.500 ± 0.050"
+    assert format_ci(two) == "0.620/0.535" and "±" not in format_ci(two)
+    assert format_ci({"mean": 0.5, "ci95": [0.45, 0.55], "per_seed": [0.45, 0.5, 0.55]}) == "0.500 ± 0.050"
 
 
 def test_page_fits_the_width(tmp_path):

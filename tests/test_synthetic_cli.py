@@ -9,7 +9,8 @@ import pytest
 
 from attnprune import cli
 from attnprune.research.synthetic import run as synth_run
-from attnprune.research.synthetic.run import SyntheticConfig, flops_proxy, latency_proxy, plan_runs
+from attnprune.research.synthetic.config import SyntheticConfig
+from attnprune.research.synthetic.run import flops_proxy, latency_proxy, plan_runs
 from attnprune.runs.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,7 +117,7 @@ def test_a_workers_reply_is_one_atomic_pipe_write_and_carries_the_whole_run(tmp_
     import select
     from concurrent.futures.process import _ResultItem
 
-    from attnprune.runs.results import _jsonable
+    from attnprune.runs.results import jsonable
 
     cfg = SyntheticConfig(n_train=64, n_val=32, epochs=1, seeds=(0,),
                           methods=("full", "entropy"), ablations=False)
@@ -126,7 +127,7 @@ def test_a_workers_reply_is_one_atomic_pipe_write_and_carries_the_whole_run(tmp_
     record, state, preds = synth_run._read_run_file(reply)
     assert not list(tmp_path.iterdir())
     want_record, want_state, want_preds = synth_run.run_one(cfg, run)  # deterministic per seed
-    assert record == json.loads(json.dumps(_jsonable(want_record))) | {
+    assert record == json.loads(json.dumps(jsonable(want_record))) | {
         "seconds": record["seconds"], "cpu_seconds": record["cpu_seconds"]}
     assert state.keys() == want_state.keys() and preds.keys() == want_preds.keys()
     pairs = [*((state[k], v) for k, v in want_state.items()),
@@ -325,8 +326,8 @@ time.sleep(600)
 def test_two_seed_intervals_stay_in_the_metrics_range():
     """summary.json's accuracy / AUC intervals are cut to [0, 1] (2 seeds: t = 12.7 gave
     [0.037, 1.118]); unbounded metrics keep the t-interval."""
-    from attnprune.research.synthetic.run import UNIT, _agg
+    from attnprune.research.synthetic.summary import UNIT, aggregate
 
-    cut = _agg([0.535, 0.62], UNIT)
+    cut = aggregate([0.535, 0.62], UNIT)
     assert cut["ci95"][1] == 1.0 and 0.0 <= cut["ci95"][0] < 0.535
-    assert _agg([0.535, 0.62])["ci95"][1] > 1.0
+    assert aggregate([0.535, 0.62])["ci95"][1] > 1.0

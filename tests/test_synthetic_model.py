@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from attnprune.measure import count_flops
+from attnprune.research.synthetic.config import METHODS
 from attnprune.research.synthetic.host import TinyConfig, TinyEncoder, numpy_forward, numpy_params
-from attnprune.research.synthetic.run import METHODS
 from attnprune.selection import budget
 
 GATES = [m for m in METHODS if m != "full"]

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
+from attnprune.research.synthetic.config import SyntheticConfig
 from attnprune.research.synthetic.host import TinyConfig, TinyEncoder
-from attnprune.research.synthetic.run import SyntheticConfig
 from attnprune.research.synthetic.train import TrainConfig, train_model
 from attnprune.runs.config import ConfigError, load_config
 

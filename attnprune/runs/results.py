@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ResultsDir", "atomic_write_bytes", "atomic_write_text", "last_run_dir",
+__all__ = ["ResultsDir", "atomic_write_bytes", "atomic_write_text", "jsonable", "last_run_dir",
            "make_run_dir", "sticky_ctrl_c"]
 
 _CTRL_C = False  # a Ctrl-C came while sticky_ctrl_c was on
@@ -139,11 +139,13 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
+    """``x`` with numpy and torch scalars and arrays as plain Python, dict keys as strings, and
+    NaN/inf as None: what ``json.dumps`` takes."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if isinstance(x, np.generic):
         return x.item()
     if isinstance(x, np.ndarray):
@@ -201,9 +203,11 @@ class ResultsDir:
             self.path.mkdir(parents=True, exist_ok=True)
 
     @classmethod
-    def start(cls, out: str | os.PathLike, command: str, exact: bool, config: Any) -> ResultsDir:
+    def start(cls, out: str | os.PathLike, command: str, exact: bool, config: Any,
+              announce: str = "results: {}") -> ResultsDir:
         """Make (or reopen, with ``exact``) the results folder of ``command``, write its
-        resolved ``config.yaml`` and say where it is: the opening every command shares.
+        resolved ``config.yaml`` and say where it is (the line ``announce`` with the folder's
+        path for ``{}``): the opening every command shares.
 
         Reopening a folder that has a ``config.yaml`` resumes it: its finished runs are kept,
         so ``config`` must be the folder's (:meth:`check_resume`, before any work), and its
@@ -217,7 +221,7 @@ class ResultsDir:
         results = cls(make_run_dir(out, command, exact))
         if not resuming:
             results.write_text("config.yaml", dump_yaml(config))
-        print(f"results: {results.path}")
+        print(announce.format(results.path), flush=True)
         return results
 
     @staticmethod
@@ -245,7 +249,7 @@ class ResultsDir:
         return self._write_bytes(name, text.encode("utf-8"))
 
     def write_json(self, name: str, obj: Any) -> Path:
-        return self.write_text(name, json.dumps(_jsonable(obj), indent=2) + "\n")
+        return self.write_text(name, json.dumps(jsonable(obj), indent=2) + "\n")
 
     def read_json(self, name: str) -> Any:
         return json.loads((self.path / name).read_text())
@@ -268,7 +272,7 @@ class ResultsDir:
         w = csv.DictWriter(buf, fieldnames=fields)
         w.writeheader()
         for r in rows:
-            w.writerow({k: _jsonable(v) for k, v in r.items()})
+            w.writerow({k: jsonable(v) for k, v in r.items()})
         return self.write_text(name, buf.getvalue())
 
     def save_figure(self, name: str, fig) -> Path:

@@ -32,7 +32,6 @@ experiment resumes where it stopped.
 from __future__ import annotations
 
 import json
-import math
 import multiprocessing
 import os
 import time
@@ -47,146 +46,24 @@ import torch
 from sklearn.metrics import roc_auc_score, roc_curve
 
 from attnprune.measure import count_flops, env_info, time_interleaved
-from attnprune.methods import registry
+from attnprune.research.synthetic.config import SyntheticConfig
 from attnprune.research.synthetic.data import DataSpec, make_dataset
 from attnprune.research.synthetic.host import FULL, TinyConfig, TinyEncoder
+from attnprune.research.synthetic.summary import (
+    ablation_summary,
+    comparisons_against,
+    csv_row,
+    format_table,
+    method_summary,
+    paired_comparisons,
+    pool_reliability,
+)
 from attnprune.research.synthetic.train import TrainConfig, evaluate, train_model
 from attnprune.runs import stats
-from attnprune.runs.results import ResultsDir, _jsonable, atomic_write_bytes
-from attnprune.selection import check_keep_ratio, gather_tokens
+from attnprune.runs.results import ResultsDir, atomic_write_bytes, jsonable
+from attnprune.selection import gather_tokens
 
-__all__ = ["METHODS", "RunSpec", "SyntheticConfig", "flops_proxy", "latency_proxy",
-           "run_experiment", "run_one"]
-
-METHODS = ("full", "attention_mass", "random", "entropy", "entropy_threshold", "entropy_gumbel")
-ENTROPY_METHODS = ("entropy", "entropy_threshold", "entropy_gumbel")
-
-
-# ----------------------------------------------------------------------------- config
-@dataclass(frozen=True)
-class SyntheticConfig:
-    """Everything ``attnprune reproduce synthetic`` does; defaults are the paper's (App. B)
-    and are also written out, with comments, in ``configs/synthetic.yaml``."""
-
-    # data (§3.1–3.2)
-    n_train: int = 3000
-    n_val: int = 800
-    length: int = 64
-    vocab: int = 500
-    n_signal_tokens: int = 10
-    p_signal: float = 0.6
-    max_signal: int = 3
-    noise: float = 0.15
-    d_model: int = 64
-    idf: bool = False
-    # model and gates (§4)
-    methods: tuple[str, ...] = METHODS
-    keep_ratio: float = 0.5
-    residual: bool = True
-    head_weight: float = 1.0
-    threshold: float = 0.9
-    tau: float = 0.5
-    budget_weight: float = 1.0
-    # training (§7.1)
-    seeds: tuple[int, ...] = (42, 43, 44, 45, 46)
-    epochs: int = 12
-    batch_size: int = 64
-    lr: float = 1e-2
-    weight_decay: float = 0.01
-    # Training-step precision (see TrainConfig). bf16: the matmuls of the training steps run in
-    # bfloat16 (autocast); softmax, gates, losses, optimiser and every evaluation stay float32.
-    # "auto" (the default): bf16 where the CPU has native bf16 matmuls (2:19 vs 3:15 for fp32
-    # here, same conclusions; README), fp32 elsewhere — emulated bf16 on a CPU without them
-    # (e.g. AVX2 only) is slower than fp32, so "bf16" is never a safe default. "fp32" everywhere.
-    precision: str = "auto"
-    # measurements (§4.5, §9)
-    timing_repeats: int = 10
-    timing_warmup: int = 2
-    timing_batch: int = 128  # rows per measured forward (FLOPs: whole val set in such batches)
-    n_bins: int = 10
-    n_resamples: int = 10000
-    margin: float = 0.01
-    # ablations (§8.3)
-    ablations: bool = True
-    ablation_seeds: tuple[int, ...] = (42, 43)
-    ablation_keep_ratios: tuple[float, ...] = (0.3, 0.5, 0.7)
-    ablation_noise: tuple[float, ...] = (0.05, 0.15, 0.25, 0.35, 0.45)
-    ablation_noise_methods: tuple[str, ...] = ("entropy",)
-    ablation_idf_methods: tuple[str, ...] = ("full", "entropy")
-    # execution
-    workers: int = 2
-    threads: int = 1
-
-    def __post_init__(self) -> None:
-        check_keep_ratio(self.keep_ratio, "keep_ratio")
-        for r in self.ablation_keep_ratios:
-            check_keep_ratio(r, "ablation_keep_ratios")
-        if self.length < 1:
-            raise ValueError(f"length must be ≥ 1, got {self.length}")
-        for name in ("n_train", "n_val", "d_model", "epochs", "batch_size", "timing_repeats",
-                     "n_bins", "n_resamples", "threads", "n_signal_tokens", "max_signal",
-                     "timing_batch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
-        for name in ("timing_warmup", "workers"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be ≥ 0, got {getattr(self, name)}")
-        for name in ("p_signal", "noise"):
-            v = getattr(self, name)
-            if not 0.0 <= v <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {v}")
-        for v in self.ablation_noise:
-            if not 0.0 <= v <= 1.0:
-                raise ValueError(f"ablation_noise must be in [0, 1], got {v}")
-        if not self.seeds:
-            raise ValueError("seeds must list at least one seed")
-        if not self.methods:
-            raise ValueError("methods must list at least one method")
-        if FULL not in self.methods:
-            raise ValueError("methods must include 'full' (every relative number is against it)")
-        if len(set(self.methods)) != len(self.methods):
-            raise ValueError(f"methods lists a method twice: {list(self.methods)}")
-        for field_name in ("methods", "ablation_noise_methods", "ablation_idf_methods"):
-            for m in getattr(self, field_name):
-                if m != FULL:
-                    try:
-                        spec = registry.get(m)
-                    except ValueError:
-                        known = ", ".join([FULL, *registry.list_methods("token")])
-                        raise ValueError(f"{field_name}: unknown method {m!r}; known: {known}")
-                    if spec.kind != "token":
-                        raise ValueError(f"{field_name}: {m!r} is not a token method")
-        if not 0.0 < self.threshold <= 1.0:
-            raise ValueError(f"threshold must be in (0, 1] (a share of log C), got {self.threshold}")
-        if self.tau <= 0:
-            raise ValueError(f"tau must be > 0, got {self.tau}")
-        if self.lr <= 0 or not math.isfinite(self.lr):
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.precision not in ("auto", "bf16", "fp32"):
-            raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
-        for name in ("head_weight", "budget_weight", "weight_decay", "margin"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be ≥ 0, got {getattr(self, name)}")
-        DataSpec(**self._data_kwargs())  # vocab vs signal sets etc.
-
-    def _data_kwargs(self) -> dict:
-        return {k: getattr(self, k) for k in ("n_train", "n_val", "length", "vocab",
-                                              "n_signal_tokens", "p_signal", "max_signal",
-                                              "noise", "d_model", "idf")}
-
-    def data_spec(self, **overrides) -> DataSpec:
-        return DataSpec(**{**self._data_kwargs(), **overrides})
-
-    def method_options(self, method: str) -> dict:
-        """Keywords of each gate from this config (only the ones the method takes)."""
-        if method in ENTROPY_METHODS:
-            opts = {"head_weight": self.head_weight}
-            if method == "entropy_threshold":
-                opts["threshold"] = self.threshold
-            if method == "entropy_gumbel":
-                opts.update(tau=self.tau, budget_weight=self.budget_weight)
-            return opts
-        return {}
+__all__ = ["RunSpec", "flops_proxy", "latency_proxy", "plan_runs", "run_experiment", "run_one"]
 
 
 # ----------------------------------------------------------------------------- proxies (App. C)
@@ -348,7 +225,7 @@ def _run_to_file(cfg: SyntheticConfig, run: RunSpec, scratch: str) -> str:
     arrays = {**{f"state.{k}": np.ascontiguousarray(v) for k, v in state.items()},
               **{f"preds.{k}": np.ascontiguousarray(v) for k, v in preds.items()}}
     path = Path(scratch) / f"{os.getpid()}-{time.monotonic_ns()}.safetensors"
-    atomic_write_bytes(path, save(arrays, metadata={"record": json.dumps(_jsonable(record))}))
+    atomic_write_bytes(path, save(arrays, metadata={"record": json.dumps(jsonable(record))}))
     return str(path)
 
 
@@ -444,15 +321,6 @@ def plan_runs(cfg: SyntheticConfig) -> list[RunSpec]:
     return list(runs.values())
 
 
-def _find(records: list[dict], method: str, seed: int, keep_ratio: float, noise: float,
-          idf: bool) -> dict | None:
-    for r in records:
-        if (r["method"], r["seed"], r["noise"], r["idf"]) == (method, seed, noise, idf) and (
-                method == FULL or math.isclose(r["keep_ratio"], keep_ratio)):
-            return r
-    return None
-
-
 # ----------------------------------------------------------------------------- efficiency
 def measure_efficiency(cfg: SyntheticConfig, results: ResultsDir, runs: list[RunSpec],
                        progress: Callable[[str], None] | None = None) -> dict:
@@ -529,149 +397,6 @@ def measure_efficiency(cfg: SyntheticConfig, results: ResultsDir, runs: list[Run
     return out
 
 
-# ----------------------------------------------------------------------------- aggregation
-UNIT = (0.0, 1.0)  # the range of proportions, AUC and ECE
-
-
-def _agg(values: list[float], bounds: tuple[float, float] | None = None) -> dict:
-    """Mean, 95 % t-interval over seeds (cut to ``bounds``, the metric's range: 2 seeds gave
-    accuracy intervals like [0.037, 1.118]) and per-seed values; one seed → no interval."""
-    v = [x for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    if not v:
-        return {"mean": None, "ci95": [None, None], "per_seed": list(values)}
-    if len(v) == 1:
-        return {"mean": float(v[0]), "ci95": [None, None], "per_seed": list(values)}
-    return stats.aggregate_seeds(v, bounds=bounds)
-
-
-def _pool_reliability(recs: list[dict], part: str) -> dict | None:
-    bins = [r[part]["reliability"] for r in recs if part in r]
-    if not bins:
-        return None
-    count = np.sum([np.asarray(b["count"], float) for b in bins], axis=0)
-    def wmean(key):
-        tot = np.sum([np.nan_to_num(np.asarray(b[key], float)) * np.asarray(b["count"], float)
-                      for b in bins], axis=0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(count > 0, tot / np.maximum(count, 1), np.nan)
-    return {"confidence": wmean("confidence"), "accuracy": wmean("accuracy"), "count": count}
-
-
-def _method_summary(recs: list[dict], eff: dict | None) -> dict:
-    def col(path):
-        vals = []
-        for r in recs:
-            x = r
-            for p in path.split("."):
-                x = x.get(p) if isinstance(x, dict) else None
-            vals.append(x)
-        return vals
-
-    s = {
-        "accuracy": _agg(col("accuracy"), UNIT),
-        "auc": _agg(col("auc"), UNIT),
-        "seeds": [r["seed"] for r in recs],
-        "kept_tokens": float(np.mean(col("kept"))),
-        "kept_ratio": float(np.mean(col("kept_ratio"))),
-        "oracle_overlap": _agg(col("oracle_overlap"), UNIT),
-        "flip_kept": _agg(col("flip_kept")),
-        "ece": _agg(col("classifier.ece"), UNIT),
-        "ece_heldout": _agg(col("classifier.ece_heldout"), UNIT),
-        "ece_heldout_temp": _agg(col("classifier.ece_heldout_temp"), UNIT),
-        "temperature": _agg(col("classifier.temperature")),
-        "val_loss": _agg(col("val_loss")),
-    }
-    if any("signal_auc" in r for r in recs):
-        s["signal_auc"] = _agg(col("signal_auc"), UNIT)
-    if any("gate" in r for r in recs):
-        s["gate_calibration"] = {
-            "ece": _agg(col("gate.ece"), UNIT),
-            "ece_heldout": _agg(col("gate.ece_heldout"), UNIT),
-            "ece_heldout_temp": _agg(col("gate.ece_heldout_temp"), UNIT),
-            "temperature": _agg(col("gate.temperature")),
-            "ece_signal_tokens": _agg(col("gate.ece_signal_tokens"), UNIT),
-        }
-    if eff is not None:
-        s["flops"] = {"measured": eff["flops_measured"], "relative": eff["flops_relative"],
-                      "proxy": eff["flops_proxy"], "proxy_relative": eff["flops_proxy_relative"],
-                      "proxy_savings": eff["flops_proxy_savings"]}
-        s["latency_proxy"] = {"value": eff["latency_proxy"],
-                              "relative": eff["latency_proxy_relative"],
-                              "change_pct": eff["latency_proxy_change_pct"]}
-        s["time"] = {"median_s": eff["time"]["median_s"], "mad_s": eff["time"]["mad_s"],
-                     "relative": eff["time_relative"], "gate_share": eff["gate_share"]}
-    return s
-
-
-def _comparisons(results: ResultsDir, cfg: SyntheticConfig, main_labels: list[str]
-                 ) -> tuple[list[dict], list[dict], dict]:
-    """Paired comparisons of each main method against full: pooled over seeds (Holm over the
-    family) and per seed (Holm over all per-seed tests together)."""
-    def load(label, seed):
-        z = np.load(results.path / "predictions" / f"{results._key(label)}__seed{seed}.npz")
-        return {k: z[k] for k in z.files}
-
-    per_seed_preds = {s: {m: load(m, s) for m in main_labels} for s in cfg.seeds}
-    pooled = {m: {k: np.concatenate([per_seed_preds[s][m][k] for s in cfg.seeds])
-                  for k in ("y_true", "y_pred", "scores")} for m in main_labels}
-    comps = stats.compare_predictions(pooled, reference=FULL, margin=cfg.margin,
-                                      n_resamples=cfg.n_resamples, seed=0)
-    for c in comps:
-        c["seeds"] = "pooled"
-    per_seed: list[dict] = []
-    for s in cfg.seeds:
-        cs = stats.compare_predictions(per_seed_preds[s], reference=FULL, margin=cfg.margin,
-                                       n_resamples=cfg.n_resamples, seed=s, adjust=False)
-        for c in cs:
-            c["seed"] = s
-        per_seed += cs
-    if per_seed:
-        stats.apply_decision_rule(per_seed)
-    return comps, per_seed, pooled
-
-
-def _comparisons_vs(pooled: dict, reference: str, cfg: SyntheticConfig) -> list[dict]:
-    """Pooled paired comparisons of every pruning method against another ``reference``
-    (e.g. entropy vs attention_mass at the same budget); Holm within this family."""
-    if reference not in pooled:
-        return []
-    preds = {m: p for m, p in pooled.items() if m != FULL}
-    comps = stats.compare_predictions(preds, reference=reference, margin=cfg.margin,
-                                      n_resamples=cfg.n_resamples, seed=1)
-    for c in comps:
-        c["seeds"] = "pooled"
-    return comps
-
-
-def _ablation_summary(cfg: SyntheticConfig, records: list[dict]) -> dict:
-    seeds = list(cfg.ablation_seeds)
-
-    def cell(method, keep_ratio=None, noise=None, idf=None):
-        rho = cfg.keep_ratio if keep_ratio is None else keep_ratio
-        noise = cfg.noise if noise is None else noise
-        idf = cfg.idf if idf is None else idf
-        recs = [_find(records, method, s, rho, noise, idf) for s in seeds]
-        recs = [r for r in recs if r is not None]
-        return {"method": method, "keep_ratio": rho if method != FULL else 1.0, "noise": noise,
-                "idf": idf, "seeds": [r["seed"] for r in recs],
-                "accuracy": _agg([r["accuracy"] for r in recs]),
-                "auc": _agg([r["auc"] for r in recs]),
-                "oracle_overlap": _agg([r["oracle_overlap"] for r in recs]),
-                "kept_ratio": float(np.mean([r["kept_ratio"] for r in recs])) if recs else None}
-
-    gate_methods = [m for m in ("entropy", "entropy_threshold") if m in cfg.methods]
-    return {
-        "seeds": seeds,
-        "note": f"ablations use seeds {seeds} (the main table uses {list(cfg.seeds)})",
-        "keep_ratio": [cell("entropy", keep_ratio=r) for r in cfg.ablation_keep_ratios]
-        + [cell(FULL)],
-        "gate_type": [cell(m) for m in gate_methods],
-        "idf": [cell(m, idf=i) for m in cfg.ablation_idf_methods for i in (False, True)],
-        "noise": [cell(m, noise=n) for m in cfg.ablation_noise_methods
-                  for n in cfg.ablation_noise],
-    }
-
-
 # ----------------------------------------------------------------------------- driver
 def _ckpt_name(key: str) -> str:
     return f"checkpoints/{ResultsDir._key(key)}.safetensors"
@@ -724,9 +449,9 @@ def run_experiment(cfg: SyntheticConfig, results: ResultsDir,
 
     main = [r for r in records if r["group"] == "main"]
     labels = [m for m in cfg.methods]
-    methods = {m: _method_summary([r for r in main if r["label"] == m], eff["methods"].get(m))
+    methods = {m: method_summary([r for r in main if r["label"] == m], eff["methods"].get(m))
                for m in labels}
-    comps, comps_seed, pooled = _comparisons(results, cfg, labels)
+    comps, comps_seed, pooled = paired_comparisons(results, cfg, labels)
     summary = {
         "command": "reproduce synthetic",
         "env": env_info(),
@@ -741,14 +466,14 @@ def run_experiment(cfg: SyntheticConfig, results: ResultsDir,
         "comparisons": comps,
         "comparisons_per_seed": comps_seed,
         # same budget, different scorer: is the entropy gate better than attention mass?
-        "comparisons_vs_attention_mass": _comparisons_vs(pooled, "attention_mass", cfg),
+        "comparisons_vs_attention_mass": comparisons_against(pooled, "attention_mass", cfg),
         "efficiency": {m: {k: v for k, v in e.items() if k not in ("time", "gate_time")}
                        for m, e in eff["methods"].items()},
-        "ablations": _ablation_summary(cfg, records) if cfg.ablations else None,
+        "ablations": ablation_summary(cfg, records) if cfg.ablations else None,
         "train_seconds": train_seconds,
-        "reliability": {m: {"classifier": _pool_reliability([r for r in main if r["label"] == m],
+        "reliability": {m: {"classifier": pool_reliability([r for r in main if r["label"] == m],
                                                             "classifier"),
-                            "gate": _pool_reliability([r for r in main if r["label"] == m],
+                            "gate": pool_reliability([r for r in main if r["label"] == m],
                                                       "gate")}
                         for m in labels},
     }
@@ -763,118 +488,10 @@ def run_experiment(cfg: SyntheticConfig, results: ResultsDir,
         if len(np.unique(y)) == 2:
             fpr, tpr, _ = roc_curve(y, sc)
             results.write_npy(f"roc_{results._key(m)}.npy", np.stack([fpr, tpr]))
-    results.write_csv("metrics.csv", [_csv_row(r) for r in records])
+    results.write_csv("metrics.csv", [csv_row(r) for r in records])
     results.write_json("summary.json", summary)
     from attnprune.research.synthetic.figures import make_figures
 
     make_figures(results, summary, records)
     results.write_text("table.txt", format_table(summary) + "\n")
     return summary
-
-
-def _ci(d: dict | None, digits: int = 3) -> str:
-    """mean ± half-width of the 95 % CI over seeds; with 2 seeds the two values ("0.620/0.535"):
-    a t-interval on 1 df (t = 12.7) is wider than the metric's range and implies a precision
-    two seeds cannot give."""
-    if not d or d.get("mean") is None:
-        return "—"
-    per = d.get("per_seed") or []
-    if len(per) == 2 and None not in per:
-        return "/".join(f"{x:.{digits}f}" for x in per)
-    lo, hi = d["ci95"]
-    if lo is None:
-        return f"{d['mean']:.{digits}f}"
-    return f"{d['mean']:.{digits}f} ± {(hi - lo) / 2:.{digits}f}"
-
-
-def format_table(summary: dict) -> str:
-    """The Table-2-like text table: mean ± half-width of the 95 % CI over seeds."""
-    seeds = summary["config"]["seeds"]
-    head = (f"{'method':<18} {'accuracy':>15} {'AUC':>15} {'kept':>5} {'FLOPs proxy':>11} "
-            f"{'FLOPs meas.':>11} {'latency proxy':>13} {'wall time':>9} {'gate':>5} "
-            f"{'signal kept':>15} {'ECE':>15}")
-    precision = summary["config"].get("precision_used") or summary["config"].get("precision", "fp32")
-    spread = ("the 2 seeds' values a/b, no interval" if len(seeds) == 2
-              else "mean ± 95 % CI half-width over seeds")
-    title = (f"Synthetic validation (n = {len(seeds)} seeds {seeds}; training precision "
-             f"{precision}; {spread}; relative = vs full, same process)")
-    lines = [title, head, "-" * len(head)]
-    for lab, m in summary["methods"].items():
-        fl = m.get("flops", {})
-        tm = m.get("time", {})
-        lp = m.get("latency_proxy", {})
-        share = tm.get("gate_share")
-        lines.append(
-            f"{lab:<18} {_ci(m['accuracy']):>15} {_ci(m['auc']):>15} {m['kept_tokens']:>5.1f} "
-            f"{fl.get('proxy_relative', float('nan')):>10.3f}× {fl.get('relative', float('nan')):>10.3f}× "
-            f"{lp.get('relative', float('nan')):>12.3f}× {tm.get('relative', float('nan')):>8.2f}× "
-            f"{'' if share is None else f'{100 * share:.0f}%':>5} "
-            f"{_ci(m['oracle_overlap']):>15} {_ci(m['ece']):>15}")
-    comps = [c for c in summary.get("comparisons") or [] if c["metric"] == "accuracy"]
-    if comps:
-        lines.append("")
-        lines.append("vs full, pooled over seeds (paired; McNemar p Holm-adjusted; "
-                     f"non-inferiority margin {comps[0]['margin']}):")
-        for c in summary["comparisons"]:
-            lines.append(
-                f"  {c['a']:<18} {c['metric']:<8} Δ = {c['diff']:+.4f} "
-                f"[{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]  {c['test']:<9} "
-                f"p_holm = {c['p_holm']:.3g}  non-inferior: {'yes' if c['noninferior'] else 'no'}")
-    vs_am = [c for c in summary.get("comparisons_vs_attention_mass") or []
-             if c["a"].startswith("entropy")]
-    if vs_am:
-        lines.append("")
-        lines.append("vs attention_mass (same budget), pooled over seeds:")
-        for c in vs_am:
-            lines.append(
-                f"  {c['a']:<18} {c['metric']:<8} Δ = {c['diff']:+.4f} "
-                f"[{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]  {c['test']:<9} "
-                f"p_holm = {c['p_holm']:.3g}")
-    lines.append("")
-    lines.append("Calibration (ECE, 10 bins; temperature T fitted on the first half of each "
-                 "validation set, ECE on the second half before → after):")
-    for lab, m in summary["methods"].items():
-        line = (f"  {lab:<18} classifier ECE {_ci(m['ece'])}  held-out "
-                f"{_ci(m['ece_heldout'])} → {_ci(m['ece_heldout_temp'])}  T {_ci(m['temperature'], 2)}")
-        g = m.get("gate_calibration")
-        if g:
-            line += (f" | entropy head ECE {_ci(g['ece'])} (signal tokens "
-                     f"{_ci(g['ece_signal_tokens'])}) → {_ci(g['ece_heldout_temp'])} after T "
-                     f"{_ci(g['temperature'], 2)}; signal-ranking AUC {_ci(m.get('signal_auc'))}")
-        lines.append(line)
-    ab = summary.get("ablations")
-    if ab:
-        lines.append("")
-        lines.append(f"Ablations ({ab['note']}):")
-        for group in ("keep_ratio", "gate_type", "idf", "noise"):
-            for c in ab[group]:
-                lines.append(
-                    f"  {group:<10} {c['method']:<18} ρ={c['keep_ratio']:<4g} "
-                    f"noise={c['noise']:<5g} idf={'on ' if c['idf'] else 'off'} "
-                    f"acc {_ci(c['accuracy'])}  AUC {_ci(c['auc'])}  "
-                    f"signal kept {_ci(c['oracle_overlap'])}  kept {c['kept_ratio'] or 0:.2f}")
-    return "\n".join(lines)
-
-
-def _csv_row(r: dict) -> dict:
-    row = {k: r[k] for k in ("label", "group", "method", "seed", "keep_ratio", "noise", "idf",
-                             "accuracy", "auc", "val_loss", "kept", "kept_ratio",
-                             "oracle_overlap", "flip_kept")}
-    row["signal_auc"] = r.get("signal_auc")
-    row["ece"] = r["classifier"]["ece"]
-    row["temperature"] = r["classifier"].get("temperature")
-    row["gate_ece"] = r["gate"]["ece"] if "gate" in r else None
-    row["seconds"] = r["seconds"]
-    row["cpu_seconds"] = r.get("cpu_seconds")
-    return row
-
-
-def quick_config(**overrides) -> dict:
-    """The ``--quick`` smoke settings (seconds, not minutes); still real training."""
-    q = {"n_train": 400, "n_val": 200, "epochs": 2, "seeds": (42, 43), "ablation_seeds": (42,),
-         "ablation_keep_ratios": (0.3, 0.5), "ablation_noise": (0.15, 0.45),
-         "ablation_noise_methods": ("entropy",), "timing_repeats": 3, "timing_warmup": 1,
-         "n_resamples": 500, "workers": 0}
-    q.update(overrides)
-    return q
-
