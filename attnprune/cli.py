@@ -45,7 +45,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
                         "crisp through a block-sparse kernel (FlexAttention) vs dense SDPA"),
     ("bench", "sparse-ffn"): ("attnprune.bench.sparse_ffn:main",
                               "break-even of the sparse FFN second projection (sparsity → time, FLOPs)"),
-    ("embed-distill",): ("attnprune.train.embed_distill:main",
+    ("embed-distill",): ("attnprune.research.embed_distill:main",
                          "distill a token-pruned SentenceTransformer on unlabeled texts"),
     ("report",): ("attnprune.runs.report:main", "(re)build the HTML report of a results folder"),
     ("compare",): ("attnprune.runs.compare:main", "paired comparison table from saved predictions"),

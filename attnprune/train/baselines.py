@@ -19,13 +19,15 @@ from __future__ import annotations
 
 from torch import nn
 
-__all__ = ["keep_first_layers", "layer_list"]
+__all__ = ["keep_first_layers", "layer_count_field", "layer_list"]
 
 # config fields that hold the layer count, by family (BERT/RoBERTa/Llama…, DistilBERT, GPT-2)
 _COUNT_FIELDS = ("num_hidden_layers", "n_layers", "n_layer")
 
 
-def _count_field(config) -> str:
+def layer_count_field(config) -> str:
+    """The name of the config field that holds the model's layer count (``num_hidden_layers``,
+    ``n_layers`` or ``n_layer``); ValueError when it has none."""
     for name in _COUNT_FIELDS:
         if isinstance(getattr(config, name, None), int):
             return name
@@ -37,7 +39,7 @@ def layer_list(model: nn.Module) -> tuple[nn.Module, str]:
     """(parent module, attribute name) of the model's transformer-layer ``ModuleList``: the
     first ModuleList under ``model.base_model`` whose length is the config's layer count."""
     config = model.config
-    n = getattr(config, _count_field(config))
+    n = getattr(config, layer_count_field(config))
     base = getattr(model, "base_model", model)
     for parent in base.modules():
         for name, child in parent.named_children():
@@ -54,7 +56,7 @@ def keep_first_layers(model: nn.Module, n: int) -> nn.Module:
 
     if patch_state(model) is not None:
         raise ValueError("layers: truncate the model before patching it (attnprune.unpatch first)")
-    field = _count_field(model.config)
+    field = layer_count_field(model.config)
     total = getattr(model.config, field)
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= total:
         raise ValueError(f"layers must be an integer in [1, {total}] for a {total}-layer "

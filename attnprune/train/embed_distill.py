@@ -1,36 +1,16 @@
-"""attnprune embed-distill: label-free distillation of a token-pruned sentence embedder.
+"""Label-free distillation of a token-pruned sentence embedder, the training of ``attnprune
+embed-distill`` (:mod:`attnprune.research.embed_distill`, whose docstring gives the loss and
+the optimiser): the student, a SentenceTransformer patched with ``attnprune.patch``, learns the
+embeddings that the frozen stock teacher gives unlabeled texts of the target domain.
 
-A training-free token pruner costs embedding quality (MiniLM-L6 at keep 0.35: cosine to the
-stock embeddings well below 1). Distillation wins part of it back without labels: the student
-(the pruned SentenceTransformer) learns to give the embeddings the teacher (the stock model)
-gives, on unlabeled texts of the target domain:
-
-    loss = mean(1 − cos(s_i, t_i))   (or MSE(s_i, t_i))
-         + w · InfoNCE(s, t)         each student embedding against the teacher embeddings of
-                                     the batch, its own text's the positive (temperature τ)
-         + the method's auxiliary losses (attnprune.aux_loss)
-
-The teacher is frozen; its embeddings are computed once per text, before training, without
-gradients. The model weights and the method's parameters (if it has any) are trained with
-AdamW, linear warm-up and decay, gradient clipping, in the model's own dtype.
-
-Command:
-
-    attnprune embed-distill --model PATH_OR_NAME --corpus texts.txt --out DIR
-        [--method attention_mass --keep-ratio 0.35 --after-layer 1 --epochs 1 ...]
-
-The corpus holds one text per line (UTF-8); a blank line is an error naming its line number
-(a blank line usually means a broken export, and skipping it would shift every count). The
-distilled model is written to DIR with attnprune.save_pretrained: it loads back with
-attnprune.from_pretrained(DIR), or SentenceTransformer(DIR, trust_remote_code=True) with
-attnprune installed. A plain SentenceTransformer(DIR) stops with sentence-transformers' error
-about the module class rather than loading the weights unpruned.
+:func:`distill_embeddings` trains; :func:`embed_texts` and :func:`embedding_cosine` measure;
+:func:`read_corpus` reads one text per line (UTF-8; a blank line is an error naming its line
+number); :func:`check_settings` and :func:`encoder_depth` check the inputs before any work.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,7 +20,8 @@ from torch import nn
 
 from attnprune import api
 
-__all__ = ["distill_embeddings", "embedding_cosine", "main", "read_corpus"]
+__all__ = ["check_settings", "distill_embeddings", "embed_texts", "embedding_cosine",
+           "encoder_depth", "read_corpus"]
 
 LOSSES = ("cosine", "mse")
 
@@ -75,12 +56,12 @@ def _dimension(model) -> int | None:
     return get()
 
 
-def _depth(model) -> int | None:
+def encoder_depth(model) -> int | None:
     """Layers of a SentenceTransformer's encoder (None if it has no HF config)."""
-    from attnprune.train.baselines import _count_field
+    from attnprune.train.baselines import layer_count_field
 
     config = getattr(getattr(model[0], "auto_model", None), "config", None)
-    return None if config is None else getattr(config, _count_field(config))
+    return None if config is None else getattr(config, layer_count_field(config))
 
 
 def _check_models(student, teacher) -> None:
@@ -91,7 +72,7 @@ def _check_models(student, teacher) -> None:
     if student is teacher:
         raise ValueError("teacher: the student itself; give a separate stock model (e.g. "
                          "copy.deepcopy of the model before patching)")
-    if api.patch_state(student) is None and _depth(student) >= _depth(teacher):
+    if api.patch_state(student) is None and encoder_depth(student) >= encoder_depth(teacher):
         raise ValueError("student: neither patched nor shallower than the teacher; "
                          "attnprune.patch(student, method, ...) first, or keep its first "
                          "layers (attnprune.train.baselines.keep_first_layers)")
@@ -106,7 +87,7 @@ def _check_models(student, teacher) -> None:
         raise ValueError(f"teacher: embedding dimension {t_dim}, the student's is {s_dim}")
 
 
-def _check_numbers(epochs, batch_size, lr, loss, contrastive_weight, temperature, max_length,
+def check_settings(epochs, batch_size, lr, loss, contrastive_weight, temperature, max_length,
                    weight_decay, warmup_ratio, max_grad_norm) -> None:
     for name, v in (("epochs", epochs), ("batch_size", batch_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -169,12 +150,19 @@ def _embed(model, texts: list[str], batch_size: int, device) -> torch.Tensor:
     return torch.cat(out)
 
 
+def embed_texts(model, texts: list[str], *, batch_size: int = 32,
+                max_length: int | None = None) -> torch.Tensor:
+    """(N, d) float32 sentence embeddings of ``texts`` by ``model`` (eval mode, no gradients, in
+    the texts' order), at ``max_length`` tokens per text (None: the model's own setting)."""
+    with _Length([model], max_length):
+        return _embed(model, texts, batch_size, model.device)
+
+
 def embedding_cosine(model, reference: torch.Tensor, texts: list[str], *, batch_size: int = 32,
                      max_length: int | None = None) -> torch.Tensor:
     """Per-text cosine of ``model``'s embeddings of ``texts`` to ``reference`` (N, d)."""
     texts = _check_texts(texts)
-    with _Length([model], max_length):
-        emb = _embed(model, texts, batch_size, model.device)
+    emb = embed_texts(model, texts, batch_size=batch_size, max_length=max_length)
     return F.cosine_similarity(emb, reference.float().cpu(), dim=-1)
 
 
@@ -239,7 +227,7 @@ def distill_embeddings(
 
     _check_models(student, teacher)
     texts = _check_texts(texts)
-    _check_numbers(epochs, batch_size, lr, loss, contrastive_weight, temperature, max_length,
+    check_settings(epochs, batch_size, lr, loss, contrastive_weight, temperature, max_length,
                    weight_decay, warmup_ratio, max_grad_norm)
     if max_length is None:
         max_length = int(student.max_seq_length)
@@ -292,7 +280,7 @@ def distill_embeddings(
     return history
 
 
-# ----------------------------------------------------------------------------- command line
+# ----------------------------------------------------------------------------- the corpus
 def read_corpus(path: str | Path, field: str = "corpus") -> list[str]:
     """One text per line of a UTF-8 file; a blank line or bytes that are not UTF-8 are a
     ValueError naming the line."""
@@ -312,131 +300,3 @@ def read_corpus(path: str | Path, field: str = "corpus") -> list[str]:
     if not texts:
         raise ValueError(f"{field}: {p} holds no text")
     return texts
-
-
-def _parser():
-    import argparse
-
-    class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-        pass
-
-    ap = argparse.ArgumentParser(prog="attnprune embed-distill", description=__doc__,
-                                 formatter_class=Formatter)
-    ap.add_argument("--model", required=True,
-                    help="SentenceTransformer folder or name (the stock model: teacher and "
-                         "the student's start)")
-    ap.add_argument("--corpus", required=True, help="UTF-8 text file, one text per line")
-    ap.add_argument("--out", required=True, help="folder the distilled model is written to")
-    ap.add_argument("--method", default="attention_mass", help="token method (attnprune methods)")
-    ap.add_argument("--keep-ratio", type=float, default=0.35, help="fraction of tokens kept")
-    ap.add_argument("--after-layer", type=int, default=1, help="layer after which tokens drop")
-    ap.add_argument("--schedule", default=None,
-                    help="single (default), geometric or linear: where the reduction happens "
-                         "(attnprune.hosts.hf_encoder.parse_schedule)")
-    ap.add_argument("--reduce", choices=("drop", "merge"), default=None,
-                    help="drop the unkept tokens or merge them into the kept ones (default: "
-                         "the method's: merge for tome, drop for the others)")
-    ap.add_argument("--min-tokens", type=int, default=None,
-                    help="texts with fewer tokens are not reduced (default: 16 when merging, "
-                         "0 when dropping)")
-    ap.add_argument("--layers", type=int, default=None,
-                    help="the depth baseline instead of pruning: the student keeps the "
-                         "teacher's first N layers, unpruned (saved with sentence-transformers' "
-                         "own save: it loads with a plain SentenceTransformer(DIR))")
-    ap.add_argument("--epochs", type=int, default=1, help="passes over the corpus")
-    ap.add_argument("--batch-size", type=int, default=32, help="texts per step")
-    ap.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate")
-    ap.add_argument("--loss", choices=LOSSES, default="cosine",
-                    help="distance to the teacher's embedding")
-    ap.add_argument("--contrastive-weight", type=float, default=0.0,
-                    help="weight of in-batch InfoNCE against the teacher's embeddings")
-    ap.add_argument("--temperature", type=float, default=0.05, help="InfoNCE temperature")
-    ap.add_argument("--max-length", type=int, default=None,
-                    help="tokens per text (default: the model's max_seq_length)")
-    ap.add_argument("--seed", type=int, default=0, help="batch order and dropout")
-    ap.add_argument("--eval-corpus", default=None,
-                    help="held-out texts (one per line): print the mean cosine to the stock "
-                         "embeddings before and after distillation")
-    ap.add_argument("--device", default=None, help="cpu, cuda, ... (default: what "
-                                                   "sentence-transformers picks)")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return ap
-
-
-def main(argv: list[str]) -> int:
-    """Entry point: ``attnprune embed-distill --model M --corpus FILE --out DIR [...]``."""
-    import copy
-
-    args = _parser().parse_args(argv)
-    name = "attnprune embed-distill"
-    try:  # every input checked before the model is loaded or anything trained
-        from attnprune.deploy.hub import check_target
-
-        texts = read_corpus(args.corpus)
-        held = read_corpus(args.eval_corpus, "eval-corpus") if args.eval_corpus else None
-        check_target(Path(args.out))
-        if not 0 < args.keep_ratio <= 1:
-            raise ValueError(f"keep-ratio must be in (0, 1], got {args.keep_ratio}")
-        _check_numbers(args.epochs, args.batch_size, args.lr, args.loss,
-                       args.contrastive_weight, args.temperature, args.max_length, 0.01, 0.1, 1.0)
-        from attnprune.methods import registry
-
-        if registry.get(args.method).kind != "token":
-            raise ValueError(f"method: {args.method!r} is an attention-level method; "
-                             f"embed-distill distils token pruning")
-    except (ValueError, TypeError) as e:
-        print(f"{name}: error: {e}", file=sys.stderr)
-        return 2
-    from sentence_transformers import SentenceTransformer
-
-    import attnprune
-
-    kw = {"device": args.device} if args.device else {}
-    teacher = SentenceTransformer(args.model, **kw)
-    student = copy.deepcopy(teacher)
-    try:
-        if args.layers is not None:
-            from attnprune.train.baselines import keep_first_layers
-
-            if _depth(teacher) is not None and args.layers >= _depth(teacher):
-                raise ValueError(f"layers must be below the model's {_depth(teacher)} layers, "
-                                 f"got {args.layers}")
-            keep_first_layers(student[0].auto_model, args.layers)
-        else:
-            extra = {k: v for k, v in (("schedule", args.schedule), ("reduce", args.reduce),
-                                       ("min_tokens", args.min_tokens)) if v is not None}
-            attnprune.patch(student, args.method, keep_ratio=args.keep_ratio,
-                            after_layer=args.after_layer, **extra)
-    except ValueError as e:
-        print(f"{name}: error: {e}", file=sys.stderr)
-        return 2
-    length = args.max_length
-    reference = before = None
-    if held is not None:
-        with _Length([teacher], length):
-            reference = _embed(teacher, held, args.batch_size, teacher.device)
-        before = embedding_cosine(student, reference, held, batch_size=args.batch_size,
-                                  max_length=length)
-    history = distill_embeddings(
-        student, teacher, texts, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-        loss=args.loss, contrastive_weight=args.contrastive_weight,
-        temperature=args.temperature, max_length=length, seed=args.seed,
-        progress=not args.no_progress)
-    for h in history:
-        print("epoch {epoch}: ".format(**h) + "  ".join(
-            f"{k} {v:.4f}" for k, v in h.items() if k != "epoch"))
-    if held is not None:
-        after = embedding_cosine(student, reference, held, batch_size=args.batch_size,
-                                 max_length=length)
-        print(f"{len(held)} held-out texts, mean cosine to the stock embeddings: zero-shot "
-              f"{before.mean():.4f}, distilled {after.mean():.4f}")
-    if attnprune.patch_state(student) is None:  # the depth baseline: a stock, shallower model
-        student.save(args.out)
-    else:
-        attnprune.save_pretrained(student, args.out)
-    print(f"saved: {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
