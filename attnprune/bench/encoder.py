@@ -29,7 +29,7 @@ import torch
 
 from attnprune import api
 from attnprune.measure import count_flops, env_info, peak_memory, time_fn
-from attnprune.runs.config import parse_command_line
+from attnprune.runs.command import run_command
 from attnprune.runs.results import ResultsDir
 from attnprune.selection import check_keep_ratio
 
@@ -281,15 +281,17 @@ def run(cfg: BenchEncoderConfig, results: ResultsDir) -> dict:
 
 def main(argv: list[str]) -> int:
     """``attnprune bench encoder [--quick] [--key value ...] --out DIR``."""
-    cl = parse_command_line(argv, BenchEncoderConfig, default_out="results")
-    cfg = cl.config
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    results = ResultsDir.start(cl.out, "bench-encoder", cl.exact_out, cfg)
-    run(cfg, results)
-    for _, line in summary_rows(results.read_json("summary.json")):
-        print(line)
-    return 0
+
+    def threads(cfg: BenchEncoderConfig) -> None:
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+
+    def body(cfg: BenchEncoderConfig, results: ResultsDir, _: None) -> str:
+        run(cfg, results)
+        return "\n".join(line for _, line in summary_rows(results.read_json("summary.json")))
+
+    return run_command(argv, BenchEncoderConfig, "bench-encoder", body, prepare=threads,
+                       end_with_folder=False)
 
 
 def summary_rows(summary: dict):

@@ -64,7 +64,7 @@ import torch
 from attnprune import api
 from attnprune.compat import dynamo_config_patch, dynamo_config_value
 from attnprune.measure import env_info, time_interleaved
-from attnprune.runs.config import parse_command_line
+from attnprune.runs.command import run_command
 from attnprune.runs.results import ResultsDir
 from attnprune.selection import check_keep_ratio
 
@@ -670,12 +670,14 @@ def run(cfg: BenchGPUConfig, results: ResultsDir) -> dict:
 
 def main(argv: list[str]) -> int:
     """``attnprune bench gpu [--device cuda] [--dtype bf16] [--quick true] --out DIR``."""
-    cl = parse_command_line(argv, BenchGPUConfig, default_out="results")
-    results = ResultsDir.start(cl.out, "bench-gpu", cl.exact_out, cl.config)
-    summary = run(cl.config, results)
-    print(profile_text(summary["rows"]) if cl.config.profile else summary["table"])
-    print(f"device: {summary['env']['device']} {summary['env'].get('gpu', '')}, dtype {cfg_dtype(summary)}")
-    return 0
+
+    def body(cfg: BenchGPUConfig, results: ResultsDir) -> str:
+        summary = run(cfg, results)
+        return ((profile_text(summary["rows"]) if cfg.profile else summary["table"]) + "\n"
+                f"device: {summary['env']['device']} {summary['env'].get('gpu', '')}, "
+                f"dtype {cfg_dtype(summary)}")
+
+    return run_command(argv, BenchGPUConfig, "bench-gpu", body, end_with_folder=False)
 
 
 def cfg_dtype(summary: dict) -> str:

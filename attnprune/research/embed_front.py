@@ -75,7 +75,8 @@ import torch
 from torch import nn
 
 from attnprune.measure import env_info, time_interleaved
-from attnprune.runs.config import ConfigError, parse_command_line
+from attnprune.runs.command import run_command
+from attnprune.runs.config import ConfigError
 from attnprune.runs.results import ResultsDir
 from attnprune.selection import check_keep_ratio
 
@@ -761,16 +762,17 @@ def load_data(cfg: EmbedFrontConfig):
 
 def main(argv: list[str]) -> int:
     """``attnprune embed-front --data retrieval:DIR [--key value ...] --out DIR``."""
-    cl = parse_command_line(argv, EmbedFrontConfig)
-    cfg = cl.config
-    data = load_data(cfg)  # data problems stop here, before the results folder
-    results = ResultsDir.start(cl.out, "embed-front", cl.exact_out, cfg)
-    before = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)  # this command's process only; restored below
-    try:
-        run(cfg, results, data)
-    finally:
-        torch.set_num_threads(before)
-    print((results.path / "front.md").read_text())
-    return 0
+
+    def body(cfg: EmbedFrontConfig, results: ResultsDir, data) -> str:
+        before = torch.get_num_threads()
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)  # this command's process only; restored below
+        try:
+            run(cfg, results, data)
+        finally:
+            torch.set_num_threads(before)
+        return (results.path / "front.md").read_text()
+
+    # data problems stop in load_data, before the results folder
+    return run_command(argv, EmbedFrontConfig, "embed-front", body, prepare=load_data,
+                       end_with_folder=False)
