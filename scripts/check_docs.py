@@ -580,7 +580,7 @@ def _check_options(root: Path, words: tuple[str, ...], rest: list[str], parsers:
         if not (root / cfg_file).is_file():
             return [f"{name}: --config {cfg_file} does not exist"]
         values.update(read_yaml(root / cfg_file))
-    from attnprune.runs.config import _coerce
+    from attnprune.runs.config import coerce_value
 
     alternatives, errors = [], []
     for k, v in pairs:
@@ -591,7 +591,7 @@ def _check_options(root: Path, words: tuple[str, ...], rest: list[str], parsers:
             if isinstance(a, str) and is_placeholder(a):
                 continue
             try:
-                _coerce(k, hints[k], a)  # the option's type, as the parser converts it
+                coerce_value(k, hints[k], a)  # the option's type, as the parser converts it
             except ConfigError as e:
                 errors.append(f"{name}: {e}")
         if len(alts) > 1:

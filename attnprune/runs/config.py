@@ -24,9 +24,9 @@ import yaml
 T = TypeVar("T")
 
 __all__ = ["RUN_CONTROL_KEYS", "CommandLine", "ConfigError", "UnknownKeyError", "check_out",
-           "check_training_fields", "command_line_message", "config_differences", "dump_yaml",
-           "load_config", "parse_command_line", "parse_overrides", "plain", "print_help",
-           "read_yaml", "to_dict"]
+           "check_training_fields", "coerce_value", "command_line_message", "config_differences",
+           "dump_yaml", "load_config", "parse_command_line", "parse_overrides", "plain",
+           "print_help", "read_yaml", "to_dict"]
 
 # Options that steer how a command runs, not what it computes: a re-run into a results folder
 # may change them (pareto's ``--phase summary``, the attention sweeps' ``--tabulate-only``, the
@@ -85,7 +85,7 @@ def parse_overrides(args: list[str]) -> dict[str, str | bool]:
     return out
 
 
-def _coerce(name: str, tp: Any, value: Any) -> Any:
+def coerce_value(name: str, tp: Any, value: Any) -> Any:
     """Convert ``value`` (from YAML or the command line) to the annotated type ``tp``."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -98,7 +98,7 @@ def _coerce(name: str, tp: Any, value: Any) -> Any:
             if a is type(None):
                 continue
             try:
-                return _coerce(name, a, value)
+                return coerce_value(name, a, value)
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0] if errors else f"{name}: bad value {value!r}")
@@ -116,7 +116,7 @@ def _coerce(name: str, tp: Any, value: Any) -> Any:
         if not isinstance(value, (list, tuple)):
             value = [value]
         inner = args[0] if args else Any
-        items = [_coerce(f"{name}[{i}]", inner, v) for i, v in enumerate(value)]
+        items = [coerce_value(f"{name}[{i}]", inner, v) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if tp is bool:
         if isinstance(value, bool):
@@ -182,7 +182,7 @@ def load_config(cls: type[T], path: str | os.PathLike | None = None,
     unknown = sorted(set(data) - fields)
     if unknown:
         raise UnknownKeyError(unknown[0], cls.__name__, list(fields))
-    values = {k: _coerce(k, hints[k], v) for k, v in data.items()}
+    values = {k: coerce_value(k, hints[k], v) for k, v in data.items()}
     try:
         return cls(**values)
     except ConfigError:
@@ -441,7 +441,7 @@ def _parse_command_line(argv: list[str], cls: type[T], default_out: str,
         raise ConfigError("out: --out needs a folder path")
     exact = opts.pop("exact_out", False)
     if exact not in (True, False):
-        exact = _coerce("exact_out", bool, exact)
+        exact = coerce_value("exact_out", bool, exact)
     merged = dict(defaults or {})
     out_path = check_out(str(out))
     resuming = (out_path / "config.yaml").is_file()
