@@ -1,7 +1,8 @@
 """The tree tells the architecture (docs/architecture.md): layers import downwards only, no
 import circle and a small top level; hosts reach methods through the registry and the base
-classes only; ``api.py`` imports no client of the library; no module imports another's private
-names; private torch and transformers names only in ``compat.py``. Each rule also runs on a
+classes only, and family facts through the one family table; ``api.py`` imports no client of
+the library; no module imports another's private names; private torch and transformers names
+only in ``compat.py``. Each rule also runs on a
 planted violation in a throw-away package, so a check that stopped seeing anything would fail.
 
 The graph is read from the source (every ``import`` statement, function-level ones included),
@@ -188,6 +189,27 @@ def api_client_imports(root: Path = ROOT) -> list[str]:
             if isinstance(node, ast.Constant) and isinstance(node.value, str)
             and _under(node.value, CLIENTS)]
     return sorted(out)
+
+
+# ----------------------------------------------------------------------------- the family table
+# Model-family facts live in one table, ``hosts/families.py``, that every host reads; a host
+# never takes them from another host (the token host once read them from the attention host).
+FAMILY_TABLE = "attnprune.hosts.families"
+
+
+def family_imports_elsewhere(root: Path = ROOT) -> list[str]:
+    """Imports of the family table's names (its ``__all__``) from any other module."""
+    tree = ast.parse((root / "hosts" / "families.py").read_text())
+    names = {e.value for node in tree.body if isinstance(node, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+             for e in node.value.elts}
+    out = []
+    for m, path in sorted(source_modules(root).items()):
+        for n, base, imported in import_statements(path, m):
+            if _under(base, ("attnprune",)) and base != FAMILY_TABLE:
+                out += [f"{path.relative_to(root.parent).as_posix()}:{n}: from {base} import {x}"
+                        for x in imported or () if x in names]
+    return out
 
 
 # ----------------------------------------------------------------------------- private imports
@@ -467,6 +489,10 @@ PLANTED = {
     "methods/registry.py": "",
     "methods/crisp.py": "def _topk():\n    pass\n",
     "hosts/__init__.py": "",
+    "hosts/families.py": "__all__ = ['FAMILIES', 'family']\nFAMILIES = {}\n",
+    "hosts/att.py": "from attnprune.hosts.families import FAMILIES, family\n",
+    "hosts/tok.py": ("from attnprune.hosts.families import FAMILIES\n"
+                     "def f():\n    from attnprune.hosts.att import family\n"),
     "hosts/x.py": ('"""Docstrings and comments may name torch._check and model._modules."""\n'
                    "import torch  # torch._dynamo in a comment\n"
                    "import torch.nn.functional as F\n"
@@ -515,6 +541,11 @@ def test_the_checks_see_a_host_importing_a_method_module(planted):
         "attnprune.hosts.x imports attnprune.methods.crisp",
         "attnprune.hosts.y imports attnprune.methods.crisp",
     ]
+
+
+def test_the_checks_see_a_host_reading_family_facts_from_another_host(planted):
+    assert family_imports_elsewhere(planted) == [
+        "attnprune/hosts/tok.py:3: from attnprune.hosts.att import family"]
 
 
 def test_the_checks_see_api_importing_a_client(planted):
