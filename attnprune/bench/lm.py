@@ -25,16 +25,9 @@ import yaml
 from attnprune import api
 from attnprune.measure import count_flops, effective_flops, env_info
 from attnprune.research.data.lm_text import eval_windows, load_lm_text
-from attnprune.research.lm import (
-    LMConfig,
-    _layer_flops,
-    _set_enabled,
-    build_model,
-    evaluate,
-    generate,
-    load_weights,
-    paired_timing,
-)
+from attnprune.research.lm_config import LMConfig
+from attnprune.research.lm_eval import evaluate, generate, layer_flops, paired_timing, set_enabled
+from attnprune.research.lm_model import build_model, load_weights
 from attnprune.runs.config import parse_command_line
 from attnprune.runs.results import ResultsDir, make_run_dir
 
@@ -102,9 +95,9 @@ def bench_lm(cfg: BenchLMConfig, out: Path, exact: bool = False) -> Path:
     for T in cfg.lengths or (lm_cfg.context,):
         x, y = eval_windows(data.val, cfg.windows or cfg.batch_size, T)
         ev = evaluate(model, x, y, batch_size=cfg.batch_size)  # kept per layer on these batches
-        _set_enabled(model, False)
+        set_enabled(model, False)
         ppl_full = evaluate(model, x, y, batch_size=cfg.batch_size)["perplexity"]
-        _set_enabled(model, True)
+        set_enabled(model, True)
         batches = x.split(cfg.batch_size)
 
         def fwd(batches=batches):
@@ -112,12 +105,12 @@ def bench_lm(cfg: BenchLMConfig, out: Path, exact: bool = False) -> Path:
                 model(xb)
 
         with torch.no_grad():
-            _set_enabled(model, False)
+            set_enabled(model, False)
             f_full, per = count_flops(fwd, by_module=True)
-            _set_enabled(model, True)
+            set_enabled(model, True)
             f_pr = count_flops(fwd)
             t_full, t_pr = paired_timing(model, fwd, cfg.repeats, rounds=3, warmup=cfg.warmup)
-        per_layer = _layer_flops(per, model.config.num_hidden_layers)  # GPT-2 and Llama configs
+        per_layer = layer_flops(per, model.config.num_hidden_layers)  # GPT-2 and Llama configs
         kept = ev["kept_per_layer"] or [1.0] * len(per_layer)
         eff = effective_flops(per_layer, kept, total=f_full)
         rows.append({"length": T, "batch": cfg.batch_size, "windows": len(x),
@@ -132,12 +125,12 @@ def bench_lm(cfg: BenchLMConfig, out: Path, exact: bool = False) -> Path:
     if cfg.gen_tokens:
         prompt = data.val[:16][None]
         for label, on in (("full", False), ("pruned", True)):
-            _set_enabled(model, on)
+            set_enabled(model, on)
             t0 = time.perf_counter()
             generate(model, prompt, cfg.gen_tokens, cfg.temperature, True,
                      torch.Generator().manual_seed(cfg.seed))
             gen[label] = cfg.gen_tokens / (time.perf_counter() - t0)
-        _set_enabled(model, True)
+        set_enabled(model, True)
         gen["relative"] = gen["pruned"] / gen["full"]
     label = lm_cfg.method if lm_cfg.method != "none" else "full"
     rd.write_csv("bench.csv", rows)

@@ -46,8 +46,6 @@ import json
 import math
 import os
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -58,206 +56,36 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attnprune import api
-from attnprune.compat import children_dict
-from attnprune.hosts.hf_causal import cache_kwargs
-from attnprune.measure import count_flops, effective_flops, env_info, time_fn
-from attnprune.methods import registry
+from attnprune.measure import env_info
 from attnprune.research.data.lm_text import LMData, batch, eval_windows, load_lm_text
+from attnprune.research.lm_config import ARCHS, PRESETS, LMConfig
+from attnprune.research.lm_eval import (
+    evaluate,
+    generate,
+    length_sweep,
+    measure_costs,
+    random_policy_control,
+)
+from attnprune.research.lm_model import (
+    build_model,
+    context_window,
+    device_of,
+    load_weights,
+    method_module,
+    save_weights,
+)
 from attnprune.runs.config import ConfigError, parse_command_line
 from attnprune.runs.results import ResultsDir
 
-__all__ = ["PRESETS", "LMConfig", "build_model", "evaluate", "generate", "main", "run_lm"]
+__all__ = ["ARCHS", "PRESETS", "LMConfig", "build_model", "context_window", "evaluate", "generate",
+           "load_teacher", "load_weights", "lr_at", "main", "make_optimizer", "method_module",
+           "resolve_device", "run_lm", "run_sweep", "save_weights", "stages"]
 
-PRESETS: dict[str, dict] = {
-    # ≈ 0.8 M parameters; 1000 steps take ~6 min on one shared core (≤ 20 min on 2 cores).
-    "cpu-small": {"n_layer": 4, "n_head": 4, "n_embd": 128, "context": 128, "dropout": 0.0,
-                  "batch_size": 16, "grad_accum": 1, "steps": 1000, "lr": 2e-3, "min_lr": 2e-4,
-                  "warmup": 50, "eval_every": 200},
-    # The intensity paper's character GPT: 6 layers, 6 heads, width 384, context 256, dropout 0.2.
-    "paper": {"n_layer": 6, "n_head": 6, "n_embd": 384, "context": 256, "dropout": 0.2,
-              "batch_size": 64, "grad_accum": 1, "steps": 5000, "lr": 1e-3, "min_lr": 1e-4,
-              "warmup": 100, "eval_every": 250},
-}
+# the command's config, defined in lm_config (``attnprune lm --help`` lists its fields)
+CONFIG = "attnprune.research.lm_config:LMConfig"
 
 
-ARCHS = ("gpt2", "llama")
-
-
-@dataclass(frozen=True)
-class LMConfig:
-    """Settings of ``attnprune lm`` (a preset fills the model and schedule fields)."""
-
-    preset: str = "cpu-small"
-    data: str = "shakespeare_char"
-    tokenizer: str = "char"  # for text:PATH: char | bpe
-    model: str = ""  # hub name / local folder; "" = a model of ``arch`` from the fields below
-    arch: str = "gpt2"  # gpt2 | llama: the model built from the fields below
-    n_kv_head: int = 0  # llama: key/value heads (grouped-query attention); 0 = n_head // 2
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    context: int = 128
-    dropout: float = 0.0
-    batch_size: int = 16
-    grad_accum: int = 1
-    steps: int = 2000
-    lr: float = 2e-3
-    min_lr: float = 2e-4
-    warmup: int = 100
-    weight_decay: float = 0.1  # paper: AdamW weight decay 0.1
-    beta1: float = 0.9  # paper: β = (0.9, 0.95)
-    beta2: float = 0.95
-    grad_clip: float = 1.0  # paper: clip at norm 1.0
-    eval_every: int = 250
-    eval_windows: int = 64
-    seed: int = 0
-    method: str = "none"
-    method_options: str = "{}"  # a YAML mapping, e.g. "{sparsity_weight: 0.5, layers: [2]}"
-    init: str = ""  # safetensors weights to start from (the saved baseline)
-    # Distillation (ours, as the encoder ``finetune --distill-weight``): the loss becomes
-    # (1 − α)·CE + α·T²·KL(teacher_T ‖ model_T) per position, the teacher an unpruned model of
-    # the same config: a safetensors file, or in a sweep "control" (each seed's control run).
-    distill_from: str = ""
-    distill_weight: float = 0.0  # α
-    distill_temperature: float = 1.0  # T
-    stage2_steps: int = 0
-    stage2_lr: float = 3e-4
-    gen_tokens: int = 500  # generation throughput: 500 new tokens, temperature 0.8, KV cache
-    temperature: float = 0.8
-    bench_repeats: int = 5
-    lengths: tuple[int, ...] = ()  # sequence lengths for the perplexity / FLOPs sweeps
-    threads: int = 0  # torch threads; 0 = leave torch's default
-    device: str = "auto"  # "auto": cuda when torch sees a GPU, else cpu; or "cpu", "cuda[:i]"
-    # A sweep (see run_sweep): a YAML mapping of method options to lists of values, e.g.
-    # "{keep_target: [0.4, 0.6, 0.8]}"; every combination is one run, fine-tuned from ``init``
-    # next to an unpruned control, for each of ``seeds`` (default: ``seed``).
-    sweep: str = ""
-    seeds: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
-            raise ValueError(f"device: 'auto', 'cpu' or 'cuda[:i]', got {self.device!r}")
-        if self.preset not in PRESETS and self.preset != "none":
-            raise ValueError(f"preset: must be one of {', '.join(PRESETS)} or none, got {self.preset!r}")
-        for name in ("n_layer", "n_head", "n_embd", "context", "batch_size", "grad_accum",
-                     "eval_every", "eval_windows", "bench_repeats"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
-        for name in ("steps", "stage2_steps", "warmup", "gen_tokens", "threads"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be ≥ 0, got {getattr(self, name)}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd: {self.n_embd} is not divisible by n_head {self.n_head}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        for name in ("lr", "min_lr", "stage2_lr", "temperature", "grad_clip"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.min_lr > self.lr:
-            raise ValueError(f"min_lr ({self.min_lr}) must be ≤ lr ({self.lr})")
-        if bad := [n for n in self.lengths if not 2 <= n <= self.context]:
-            raise ValueError(f"lengths: each must be in 2..context ({self.context}), got {bad}")
-        if self.arch not in ARCHS:
-            raise ValueError(f"arch: must be one of {', '.join(ARCHS)}, got {self.arch!r}")
-        if self.n_kv_head < 0 or (self.n_kv_head and self.n_head % self.n_kv_head):
-            raise ValueError(f"n_kv_head: must divide n_head ({self.n_head}), got {self.n_kv_head}")
-        if self.n_kv_head and self.arch != "llama":
-            raise ValueError(f"n_kv_head: only the llama arch has key/value head groups, not {self.arch}")
-        if self.tokenizer not in ("char", "bpe"):
-            raise ValueError(f"tokenizer: must be char or bpe, got {self.tokenizer!r}")
-        if self.method != "none":
-            registry.get(self.method)  # ValueError naming the unknown method
-        opts = yaml.safe_load(self.method_options) if self.method_options.strip() else {}
-        if not isinstance(opts, dict):
-            raise ValueError(  # noqa: TRY004 (configs raise ValueError naming the field)
-                f"method_options: expected a mapping like '{{key: value}}', got {self.method_options!r}")
-        if self.init and not Path(self.init).is_file():
-            raise ValueError(f"init: checkpoint not found: {self.init}")
-        if not 0.0 <= self.distill_weight <= 1.0:
-            raise ValueError(f"distill_weight must be in [0, 1], got {self.distill_weight}")
-        if self.distill_temperature <= 0:
-            raise ValueError(f"distill_temperature must be > 0, got {self.distill_temperature}")
-        if self.distill_weight > 0 and not self.distill_from:
-            raise ValueError("distill_from: distill_weight > 0 needs a teacher (a safetensors file, "
-                             "or 'control' in a sweep)")
-        if self.distill_from == "control" and not self.sweep.strip():
-            raise ValueError("distill_from: 'control' means each seed's control run of a sweep; "
-                             "give --sweep, or a safetensors file")
-        if self.distill_from and self.distill_from != "control" and not Path(self.distill_from).is_file():
-            raise ValueError(f"distill_from: teacher weights not found: {self.distill_from}")
-        if self.sweep.strip():
-            grid = yaml.safe_load(self.sweep)
-            if not isinstance(grid, dict) or not grid or not all(
-                    isinstance(v, list) and v for v in grid.values()):
-                raise ValueError(f"sweep: expected a mapping of options to non-empty lists, like "
-                                 f"'{{keep_target: [0.4, 0.6]}}', got {self.sweep!r}")
-            if self.method == "none":
-                raise ValueError("sweep: give the --method whose options it sweeps")
-            if not self.init:
-                raise ValueError("init: a sweep fine-tunes from a saved baseline (--init BASE/model.safetensors)")
-
-    @property
-    def options(self) -> dict:
-        """``method_options`` parsed."""
-        return dict(yaml.safe_load(self.method_options) or {})
-
-    def sweep_points(self) -> list[dict]:
-        """``method_options`` updated with every combination of the ``sweep`` values."""
-        import itertools
-
-        grid = yaml.safe_load(self.sweep) if self.sweep.strip() else {}
-        keys = list(grid)
-        return [{**self.options, **dict(zip(keys, vals))}
-                for vals in itertools.product(*(grid[k] for k in keys))]
-
-
-# ----------------------------------------------------------------------------- model
-def build_model(cfg: LMConfig, vocab_size: int) -> nn.Module:
-    """A causal LM from the hub (``cfg.model``) or from the config fields (random init)."""
-    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
-
-    if cfg.model:
-        return AutoModelForCausalLM.from_pretrained(cfg.model)
-    if cfg.arch == "llama":
-        return _build_llama(cfg, vocab_size)
-    conf = GPT2Config(vocab_size=vocab_size, n_positions=cfg.context, n_embd=cfg.n_embd,
-                      n_layer=cfg.n_layer, n_head=cfg.n_head, resid_pdrop=cfg.dropout,
-                      embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout, bos_token_id=0,
-                      eos_token_id=0)
-    return GPT2LMHeadModel(conf)
-
-
-def _build_llama(cfg: LMConfig, vocab_size: int) -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    d = cfg.n_embd
-    # SwiGLU has three d×ff matrices where GPT-2's MLP has two d×4d: ff = 8d/3 matches the
-    # parameters (LLaMA paper, §2), rounded up to a multiple of 8.
-    ff = math.ceil(8 * d / 3 / 8) * 8
-    conf = LlamaConfig(vocab_size=vocab_size, hidden_size=d, intermediate_size=ff,
-                       num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
-                       num_key_value_heads=cfg.n_kv_head or max(1, cfg.n_head // 2),
-                       max_position_embeddings=cfg.context, attention_dropout=cfg.dropout,
-                       tie_word_embeddings=True,  # as GPT-2: the head is the embedding
-                       bos_token_id=0, eos_token_id=0, pad_token_id=None)
-    return LlamaForCausalLM(conf)
-
-
-def context_window(config) -> int:
-    """Longest sequence the model was built for (GPT-2 ``n_positions``, others
-    ``max_position_embeddings``)."""
-    n = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-    if not n:
-        raise ValueError(f"model: {type(config).__name__} states no context length")
-    return int(n)
-
-
-def method_module(model: nn.Module) -> nn.Module | None:
-    """The token method's module on a patched causal model (GPT-2 or Llama family), or None."""
-    t = getattr(model, "base_model", None)
-    return None if t is None else children_dict(t).get("attnprune_method")
-
-
+# ----------------------------------------------------------------------------- training stages
 def stages(cfg: LMConfig) -> list[dict]:
     """The training stages of ``cfg.method`` (see the module docstring)."""
     if cfg.method in ("dtr", "hybrid"):
@@ -322,30 +150,6 @@ def lr_at(step: int, total: int, lr: float, min_lr: float, warmup: int) -> float
 
 
 # ----------------------------------------------------------------------------- checkpoints
-def save_weights(model: nn.Module, path: Path) -> None:
-    """Model weights (method included) to safetensors, atomically (tied weights handled)."""
-    from safetensors.torch import save_model
-
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_model(model, str(tmp))
-    os.replace(tmp, path)
-
-
-def load_weights(model: nn.Module, path: str | Path, strict: bool = False) -> list[str]:
-    """Load safetensors weights; returns the model keys the file did not have."""
-    from safetensors.torch import load_file
-
-    state = load_file(str(path))
-    own = model.state_dict()
-    bad = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
-    if bad:
-        raise ValueError(f"init: {path} does not fit the model (shape mismatch at {bad[0]})")
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if strict and unexpected:
-        raise ValueError(f"init: {path} has keys the model lacks: {unexpected[:3]}")
-    return [k for k in missing if k != "lm_head.weight"]  # lm_head is tied to wte
-
-
 def _save_checkpoint(folder: Path, model, opt, meta: dict, gen: torch.Generator) -> None:
     from safetensors.torch import save_file
 
@@ -375,215 +179,6 @@ def _load_checkpoint(folder: Path, model, opt, gen: torch.Generator) -> dict:
     sd["state"] = state
     opt.load_state_dict(sd)
     return json.loads((folder / "meta.json").read_text())
-
-
-# ----------------------------------------------------------------------------- evaluation
-@torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 16,
-             sampled_method: bool = False) -> dict:
-    """Mean next-token loss, perplexity and per-layer kept ratio over fixed windows (eval mode;
-    ``sampled_method``: the token method alone in training mode, e.g. a policy that samples)."""
-    was = model.training
-    model.eval()
-    m = method_module(model)
-    if sampled_method and m is not None:
-        m.train()
-    total, n, kept, n_kept = 0.0, 0, None, 0
-    per_window = []
-    for i in range(0, len(x), batch_size):
-        dev = _device_of(model)
-        xb, yb = x[i : i + batch_size].to(dev), y[i : i + batch_size].to(dev)
-        logits = model(xb).logits
-        ce = F.cross_entropy(logits.flatten(0, 1).float(), yb.flatten(), reduction="none").view(yb.shape)
-        per_window.append(ce.mean(1))
-        total += float(ce.sum())
-        n += ce.numel()
-        st = api.patch_state(model)
-        k = (st.stats or {}).get("kept_per_layer") if st is not None else None
-        if k is not None:
-            kept = [a + b * ce.numel() for a, b in zip(kept or [0.0] * len(k), k)]
-            n_kept += ce.numel()
-    model.train(was)
-    loss = total / n
-    out = {"loss": loss, "perplexity": math.exp(loss), "per_window": torch.cat(per_window).tolist()}
-    out["kept_per_layer"] = [v / n_kept for v in kept] if kept is not None else None
-    return out
-
-
-@torch.no_grad()
-def random_policy_control(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                          kept: list[float] | None, seeds: int = 3) -> dict | None:
-    """Perplexity of the same model with its policy's decisions replaced by random drops at
-    the same per-layer kept ratios ``kept`` (a copy of the model; methods with
-    ``match_rates_``, i.e. DTR). If the learned policy only learned how many tokens to keep,
-    the two perplexities agree; per-token decisions make the learned one lower."""
-    import copy
-
-    m = method_module(model)
-    if kept is None or not hasattr(m, "match_rates_"):
-        return None
-    ctrl = copy.deepcopy(model)  # a copy of a patched model runs its own method
-    method_module(ctrl).match_rates_(kept)
-    evs = []
-    for s in range(seeds):
-        torch.manual_seed(s)  # Bernoulli drops
-        evs.append(evaluate(ctrl, x, y, sampled_method=True))
-    loss = float(np.mean([e["loss"] for e in evs]))
-    return {"perplexity": math.exp(loss), "val_loss": loss, "seeds": seeds,
-            "per_seed_perplexity": [e["perplexity"] for e in evs],
-            "kept_per_layer": np.mean([e["kept_per_layer"] for e in evs], 0).tolist()}
-
-
-@torch.no_grad()
-def generate(model: nn.Module, prompt: torch.Tensor, n_new: int, temperature: float = 0.8,
-             use_cache: bool = True, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Sample ``n_new`` tokens after ``prompt`` (1, T0); temperature 0 = greedy.
-
-    Written by hand because HF ``generate`` stops at the context length: when the window is full,
-    generation restarts from its last half (prefill), in both the cached and the uncached
-    mode, so the two see exactly the same contexts and must produce the same tokens.
-    """
-    from transformers import DynamicCache
-
-    model.eval()
-    window = context_window(model.config)
-    ids = prompt.clone()
-    start = max(0, ids.shape[1] - window)  # the current window begins here
-    cache, fed = None, 0  # cached mode: tokens of the window already in the cache
-    for _ in range(n_new):
-        if ids.shape[1] - start >= window:  # window full: restart from its last half
-            start = ids.shape[1] - window // 2
-            cache, fed = None, 0
-        if use_cache:
-            if cache is None:
-                cache, fed = DynamicCache(config=model.config), 0
-            logits = model(ids[:, start + fed :], **cache_kwargs(cache), use_cache=True).logits
-            fed = ids.shape[1] - start
-        else:
-            logits = model(ids[:, start:], use_cache=False).logits
-        last = logits[:, -1].float()
-        if temperature == 0:
-            nxt = last.argmax(-1, keepdim=True)
-        else:
-            probs = torch.softmax(last / temperature, -1)
-            if generator is not None and generator.device != probs.device:
-                probs = probs.cpu()  # a CPU generator (the seeds' stream) draws on the CPU
-            nxt = torch.multinomial(probs, 1, generator=generator).to(ids.device)
-        ids = torch.cat([ids, nxt], 1)
-    return ids[:, prompt.shape[1] :]
-
-
-def _layer_flops(per_module: dict, n_layer: int) -> list[int]:
-    out = []
-    for l in range(n_layer):
-        # GPT-2's blocks are transformer.h.<l>, the Llama family's model.layers.<l>
-        keys = [k for k in per_module if k.endswith((f"transformer.h.{l}", f"model.layers.{l}"))]
-        out.append(per_module[keys[0]] if keys else 0)
-    return out
-
-
-def _set_enabled(model: nn.Module, on: bool) -> None:
-    st = api.patch_state(model)
-    if st is not None and hasattr(st, "enabled"):
-        # keep_ratio 1.0 (causal host) means pruning stays off whatever we ask
-        st.enabled = on and getattr(st, "keep_ratio", None) != 1.0
-
-
-def paired_timing(model: nn.Module, fn, repeats: int, rounds: int = 3, warmup: int = 1):
-    """Wall time of ``fn`` with pruning off and on, alternated over ``rounds`` rounds of
-    :func:`time_fn` so a burst of load from other processes hits both; returns the two
-    Timings whose median / MAD are over all repeats of all rounds."""
-    import statistics
-
-    from attnprune.measure import Timing
-
-    times: dict[bool, list[float]] = {False: [], True: []}
-    for _ in range(rounds):
-        for on in (False, True):
-            _set_enabled(model, on)
-            times[on] += list(time_fn(fn, repeats=repeats, warmup=warmup).times_s)
-    _set_enabled(model, True)
-    out = []
-    for on in (False, True):
-        t = times[on]
-        med = statistics.median(t)
-        mad = statistics.median(abs(v - med) for v in t)
-        out.append(Timing(med, mad, len(t), warmup * rounds, torch.get_num_threads(), tuple(t)))
-    return out[0], out[1]
-
-
-def measure_costs(model: nn.Module, x: torch.Tensor, cfg: LMConfig, kept: list[float] | None,
-                  data: LMData) -> dict:
-    """FLOPs (measured and effective), wall time and generation throughput, pruned vs full."""
-    model.eval()
-    token_method = hasattr(api.patch_state(model), "enabled")  # our causal host
-    x = x.to(_device_of(model))
-    fwd = lambda: model(x)
-    res: dict = {}
-    with torch.no_grad():
-        _set_enabled(model, False)
-        full_total, full_per = count_flops(fwd, by_module=True)
-        _set_enabled(model, True)
-        pr_total = count_flops(fwd)
-        t_full, t_pr = paired_timing(model, fwd, cfg.bench_repeats)
-    per_layer = _layer_flops(full_per, model.config.num_hidden_layers)
-    layers_sum = sum(per_layer)
-    if kept is not None and token_method:
-        eff_layers = effective_flops(per_layer, kept)
-        eff_total = effective_flops(per_layer, kept, total=full_total)
-    else:
-        eff_layers = layers_sum
-        eff_total = full_total - layers_sum + eff_layers  # embeddings/ln_f/head are never pruned
-    res["flops"] = {"measured": pr_total, "full": full_total, "relative": pr_total / full_total,
-                    "effective": eff_total, "proxy_relative": eff_total / full_total,
-                    "effective_layers_relative": eff_layers / max(1, layers_sum),
-                    "per_layer_full": per_layer, "batch_shape": list(x.shape)}
-    res["time"] = {"median_s": t_pr.median_s, "mad_s": t_pr.mad_s, "relative": t_pr.median_s / t_full.median_s,
-                   "full_median_s": t_full.median_s, "full_mad_s": t_full.mad_s, "threads": t_pr.threads}
-    if cfg.gen_tokens:
-        prompt = data.val[: min(16, cfg.context // 2)][None].to(x.device)
-        out = {}
-        for label, on in (("full", False), ("pruned", True)):
-            _set_enabled(model, on)
-            g = torch.Generator().manual_seed(cfg.seed)
-            t0 = time.perf_counter()
-            generate(model, prompt, cfg.gen_tokens, cfg.temperature, True, g)
-            out[label] = cfg.gen_tokens / (time.perf_counter() - t0)
-        _set_enabled(model, True)
-        n_check = min(100, cfg.gen_tokens)
-        a = generate(model, prompt, n_check, 0.0, use_cache=True)
-        b = generate(model, prompt, n_check, 0.0, use_cache=False)
-        res["tokens_per_s"] = out["pruned"]
-        res["generation"] = {"tokens_per_s": out["pruned"], "full_tokens_per_s": out["full"],
-                             "relative": out["pruned"] / out["full"], "new_tokens": cfg.gen_tokens,
-                             "temperature": cfg.temperature, "kv_cache": True,
-                             "cache_consistent_greedy_tokens": n_check,
-                             "cache_consistent": bool(torch.equal(a, b)),
-                             "sample": data.decode(generate(model, prompt, min(200, cfg.gen_tokens),
-                                                            cfg.temperature, True,
-                                                            torch.Generator().manual_seed(cfg.seed))[0])}
-    return res
-
-
-def length_sweep(model: nn.Module, data: LMData, cfg: LMConfig) -> list[dict]:
-    """Perplexity, kept ratio and measured / effective FLOPs at several sequence lengths."""
-    rows = []
-    for T in cfg.lengths:
-        x, y = eval_windows(data.val, cfg.eval_windows, T)
-        ev = evaluate(model, x, y)
-        xb = x[: min(8, len(x))].to(_device_of(model))
-        with torch.no_grad():
-            _set_enabled(model, False)
-            full, per = count_flops(model, xb, by_module=True)
-            _set_enabled(model, True)
-            pr = count_flops(model, xb)
-        per_layer = _layer_flops(per, model.config.num_hidden_layers)
-        kept = ev["kept_per_layer"] or [1.0] * len(per_layer)
-        eff = effective_flops(per_layer, kept, total=full)
-        rows.append({"length": T, "perplexity": ev["perplexity"], "loss": ev["loss"],
-                     "kept_ratio": sum(kept) / len(kept), "flops_full": full, "flops_measured": pr,
-                     "flops_effective": eff})
-    return rows
 
 
 # ----------------------------------------------------------------------------- training
@@ -641,7 +236,7 @@ def train(model, data: LMData, cfg: LMConfig, rd: ResultsDir, history: list[dict
             tot_loss = 0.0
             for _ in range(cfg.grad_accum):
                 x, _ = batch(data.train, cfg.batch_size, cfg.context, gen)
-                x = x.to(_device_of(model))
+                x = x.to(device_of(model))
                 if k > 1:
                     x = x.repeat_interleave(k, 0)
                 # labels=x: HF shifts inside; the hook sees them for the policy's reward.
@@ -680,10 +275,6 @@ def resolve_device(device: str) -> torch.device:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("device: cuda asked for, but torch sees no CUDA device")
     return torch.device(device)
-
-
-def _device_of(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
 
 def run_lm(cfg: LMConfig, out: Path, exact: bool = False) -> Path:
@@ -870,7 +461,7 @@ def _paired_loss(label: str, per_window, ref: str, ref_per_window) -> dict:
 
 def main(argv: list[str]) -> int:
     """``attnprune lm [--preset cpu-small|paper] [--key value …] --out DIR``."""
-    if argv and argv[0] in ("-h", "--help"):
+    if "--help" in argv or "-h" in argv:  # this module's docstring (the config's is lm_config's)
         from attnprune.runs.config import print_help
 
         print_help(__doc__, LMConfig)
