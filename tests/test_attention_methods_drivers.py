@@ -57,11 +57,8 @@ def test_sparse_proxy_bounds():
 
 
 def test_table3_from_sparse_ffn_records():
-    from attnprune.research.experiments.attention_sweeps import (
-        format_table3,
-        sparse_label,
-        sparse_summary,
-    )
+    from attnprune.research.experiments.attention_sweeps import sparse_label
+    from attnprune.research.experiments.attention_sweeps_tables import format_table3, sparse_summary
 
     cfg = SweepConfig(sweep="cost", lams=(0.0, 1e-3), locations=("both",),
                       sparse_ffn_thresholds=(0.0,), sparse_ffn_blocks=(16,))
@@ -133,9 +130,8 @@ def test_compact_runs_measure_and_summarise(tmp_path):
     from transformers import BertConfig, BertForSequenceClassification
 
     from attnprune.measure import count_flops
-    from attnprune.research.experiments.attention_sweeps import (
-        compact_label,
-        compact_runs,
+    from attnprune.research.experiments.attention_sweeps import compact_label, compact_runs
+    from attnprune.research.experiments.attention_sweeps_tables import (
         compact_summary,
         format_compact_table,
     )
@@ -191,7 +187,7 @@ def test_sweep_rejects_bad_prune_and_speed_options(key, value):
 
 def test_group_by_length_loader_pads_less_and_covers_every_row():
     from attnprune.research.data.text import Split
-    from attnprune.research.finetune import _loader
+    from attnprune.research.finetune.loaders import make_loader as _loader
 
     class Tok:  # whitespace "tokenizer": one id per word, padded to the batch's longest
         def __call__(self, texts, pairs, padding, truncation, max_length, return_tensors):
@@ -229,10 +225,9 @@ def _tiny_bert():
 def test_prune_after_runs_stack_on_crisp_and_summarise(tmp_path):
     import attnprune
     from attnprune.measure import count_flops
-    from attnprune.research.experiments.attention_sweeps import (
+    from attnprune.research.experiments.attention_sweeps import prune_after_runs, prune_label
+    from attnprune.research.experiments.attention_sweeps_tables import (
         format_prune_table,
-        prune_after_runs,
-        prune_label,
         prune_summary,
     )
     from attnprune.runs.compare import load_predictions
@@ -278,7 +273,7 @@ def test_prune_after_runs_stack_on_crisp_and_summarise(tmp_path):
 
 
 def test_pooled_comparisons_pair_rows_within_seeds_and_keep_two_families(tmp_path):
-    from attnprune.research.experiments.attention_sweeps import (
+    from attnprune.research.experiments.attention_sweeps_tables import (
         format_pooled_table,
         pooled_comparisons,
     )
@@ -313,7 +308,7 @@ def test_pooled_comparisons_pair_rows_within_seeds_and_keep_two_families(tmp_pat
 
 
 def test_multi_seed_table_lists_every_seed_and_needs_all_for_a_claim():
-    from attnprune.research.experiments.attention_sweeps import format_table
+    from attnprune.research.experiments.attention_sweeps_tables import format_table
 
     cfg = SweepConfig(sparsities=(0.0, 0.8), schedules=("uniform",), seeds=(0, 1, 2))
     acc = {"mean": 0.8, "ci95": [0.79, 0.81]}

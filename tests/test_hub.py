@@ -308,7 +308,9 @@ def test_finetune_results_folder_loads_in_one_line(tmp_path):
     )
 
     from attnprune.research.data.text import load_text_data
-    from attnprune.research.finetune import _loader, evaluate, load_weights, main
+    from attnprune.research.finetune import evaluate, main
+    from attnprune.research.finetune.loaders import make_loader as _loader
+    from attnprune.research.finetune.model_io import load_weights
 
     words = {0: ["awful", "bad"], 1: ["table", "door"], 2: ["great", "good"]}
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "it"] + [w for ws in words.values() for w in ws]

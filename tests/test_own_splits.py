@@ -187,7 +187,7 @@ def test_bad_input_is_one_line_before_any_folder(case, tiny, tmp_path, capsys, m
 
 def test_unknown_hub_name_online_reads_as_a_typo(monkeypatch):
     """With the hub reachable, a name it does not know is a misspelling, not being offline."""
-    from attnprune.research import finetune
+    from attnprune.research.finetune import model_io as finetune
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(finetune, "_hub_reachable", lambda timeout=3.0: True)
 

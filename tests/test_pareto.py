@@ -20,7 +20,8 @@ from transformers import (
 )
 
 import attnprune
-from attnprune.research.pareto import ParetoConfig, _paired, _test_rows, main
+from attnprune.research.pareto import ParetoConfig, _test_rows, main
+from attnprune.research.pareto_summary import _paired
 from attnprune.runs.config import ConfigError, parse_command_line
 from attnprune.train.baselines import keep_first_layers
 
@@ -79,7 +80,8 @@ def test_layer_dropped_model_can_be_patched_and_quantized():
 def test_pruned_point_with_a_depth_is_truncated_then_patched():
     """``layers: N`` in a prune entry: the first N layers, then the patch (its own label and
     family, so the verdict does not count it as a layer-drop point)."""
-    from attnprune.research.pareto import _family, build
+    from attnprune.research.pareto import build
+    from attnprune.research.pareto_summary import _family
 
     cfg = ParetoConfig(layer_drop=(2,), prune=(
         {"method": "attention_mass", "keep_ratio": 0.5, "after_layer": 1, "layers": 3},

@@ -146,14 +146,16 @@ def attention_by_layer(model, batches, max_batches: int) -> dict:
 
 def run_seed(cfg: BudgetConfig, seed: int, data, results: ResultsDir) -> dict:
     """Fine-tune the full model, then score it and every budget k (predictions saved)."""
-    from attnprune.research.finetune import _loader, evaluate, load_model
+    from attnprune.research.finetune.loaders import make_loader
+    from attnprune.research.finetune.model_io import load_model
+    from attnprune.research.finetune.scoring import evaluate
     from attnprune.train import fit
 
     torch.manual_seed(seed)
     model, tok = load_model(cfg.model, data.n_classes)
-    test = _loader(data.test, tok, cfg.eval_batch_size, cfg.max_length, False, 0, cfg.max_eval)
+    test = make_loader(data.test, tok, cfg.eval_batch_size, cfg.max_length, False, 0, cfg.max_eval)
     check_equal_lengths(test, cfg.max_length)
-    train = _loader(data.train, tok, cfg.batch_size, cfg.max_length, True, seed, cfg.max_train)
+    train = make_loader(data.train, tok, cfg.batch_size, cfg.max_length, True, seed, cfg.max_train)
     history = fit(model, train, epochs=cfg.epochs, lr=cfg.lr, progress=cfg.progress,
                   desc=f"full seed {seed}", mixed_precision=cfg.mixed_precision)
     model.eval()
