@@ -17,6 +17,7 @@ from transformers import (
 
 import attnprune
 from attnprune.hosts.hf_attention import attention_modules, ffn_modules
+from attnprune.methods import registry
 from attnprune.methods.cost import row_entropy_bits
 from attnprune.methods.crisp import allowed_keys, parse_sparsity, topk_row_mask
 
@@ -64,7 +65,8 @@ def logits(model, ids, mask):
 
 
 FAMILIES = ["bert", "distilbert", "gpt2"]
-NEUTRAL = [("crisp", {"sparsity": 0.0}), ("intensity", {"fixed": 1.0}), ("cost", {"lam": 0.0}),
+NEUTRAL = [*((m, registry.get(m).cls.neutral_options)
+             for m in registry.list_methods("attention") + registry.list_methods("loss")),
            ("crisp", {"sparsity": 0.0, "schedule": "adaptive"})]
 
 

@@ -20,8 +20,8 @@ from attnprune.methods import registry
 
 DTYPES = [torch.bfloat16, torch.float16]
 ENCODERS = [a for a in ARCHS if a not in DECODERS]
-TOKEN = [m for m in registry.list_methods("token") if not getattr(registry.get(m).cls, "causal", False)]
-CAUSAL = ["ltp", "dtr", "hybrid"]  # "ltp" on a decoder is ltp_causal
+TOKEN = [m for m in registry.list_methods("token") if not registry.get(m).cls.causal]
+CAUSAL = [m for m in registry.list_methods("token") if registry.get(m).cls.causal]
 OTHER = registry.list_methods("attention") + registry.list_methods("loss")
 CASES = ([(a, m) for a in ENCODERS for m in TOKEN + OTHER]
          + [(a, m) for a in DECODERS for m in CAUSAL + OTHER])
@@ -44,7 +44,7 @@ def _logits(model, ids, mask):
 
 def test_the_matrix_covers_the_registry():
     every = set(registry.list_methods())
-    covered = {m for _, m in CASES} | {"ltp_causal"}  # reached as "ltp" on decoders
+    covered = {m for _, m in CASES}
     assert every <= covered, every - covered
 
 

@@ -7,10 +7,11 @@ import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel
 
 import attnprune
+from attnprune.hosts.hf_causal import causal_methods
 from attnprune.measure import count_flops
 from attnprune.research.lm import generate
 
-METHODS = ["ltp", "dtr", "hybrid"]
+METHODS = causal_methods()  # the registry's causal token methods (ltp_causal, dtr, hybrid)
 
 
 def tiny(n_layer: int = 4, seed: int = 0) -> GPT2LMHeadModel:
@@ -168,7 +169,7 @@ def test_dropped_tokens_skip_later_layers(method):
 
 # DTR samples its actions in training (a stochastic policy); in hybrid stage 2 it is frozen.
 @pytest.mark.parametrize("method,training", [(m, False) for m in METHODS]
-                         + [("ltp", True), ("hybrid", True)])
+                         + [("ltp_causal", True), ("hybrid", True)])
 def test_no_leakage_from_the_future(method, training):
     model = patched(method)
     model.train(training)

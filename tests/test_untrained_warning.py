@@ -11,7 +11,7 @@ import test_hf_llama  # tests/ is on sys.path
 import torch
 
 import attnprune
-from attnprune.api import UntrainedMethodWarning, _untrained_check
+from attnprune.hosts.hf_causal import UntrainedMethodWarning, _untrained_check
 
 MODELS = {"llama": lambda: test_hf_llama.tiny("llama"), "gpt2": test_hf_causal.tiny}
 

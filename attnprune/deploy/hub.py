@@ -54,7 +54,7 @@ from torch import nn
 
 from attnprune import api
 from attnprune.compat import attn_implementation, model_from_config
-from attnprune.deploy.sentence_transformers import is_sentence_transformers_model
+from attnprune.hosts.sentence_transformers import is_sentence_transformers_model
 from attnprune.methods import registry
 
 __all__ = ["FORMAT_VERSION", "RECIPE", "ST_MODULE", "WEIGHTS", "from_pretrained",

@@ -1,24 +1,38 @@
-"""Hosts wire methods into model families (ToMe's ``patch/<host>.py``).
+"""Hosts wire methods into model families (ToMe's ``patch/<host>.py``), and the kit they share.
 
 A host module registers itself with :func:`register_host`: the method kinds it serves, a
-predicate that recognises models it can patch, and a ``patch(model, spec, **options)``
-function that returns a :class:`PatchState`. ``attnprune.patch`` picks the first host whose
-kind and predicate match. Every module in this folder is imported by walking the package.
+predicate that recognises models it can patch, a ``patch(model, spec, **options)`` function
+that returns a :class:`PatchState`, and what ``attnprune.patch`` must know of it without a
+branch of its own (the options it takes out of ``**options``, the method names it reads
+otherwise, why its models take no second method, the inner model whose host's options it
+also takes). ``attnprune.patch`` picks the first host whose kind and predicate match. Every
+module in this folder is imported by walking the package.
+
+The kit every host uses: :class:`CallState` (per-call results, one :class:`Calls` per state),
+:func:`build_method` (a method module from its spec, on the model's device, dtype and mode),
+:func:`group_overhead` (row bucketing's cost of one more group, or the host's fixed override),
+:func:`split_rows` / :func:`run_row_groups` (the row-group recursion's step),
+:func:`replace_forward` / :func:`replace_method` / :func:`bracket_calls` /
+:func:`add_method_module` (how a model is changed), :func:`patch_with` / :func:`unpatch_model` (the bookkeeping of a patch).
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
+import inspect
 import pkgutil
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from attnprune.compat import attn_implementation, children_dict, hook_dicts
+from attnprune.methods import registry
+from attnprune.selection import group_overhead_slots, row_groups
 
 # The attribute of a patched model that holds its PatchState (``attnprune.patch_state``).
 MODEL_STATE_ATTR = "_attnprune"
@@ -148,6 +162,25 @@ class LastCall:
         setattr(calls.last(), self.name, value)
 
 
+class CallState(PatchState):
+    """A host's patch state whose per-call results live in ``calls``: ``aux_losses`` and
+    ``stats`` (and any :class:`LastCall` a subclass adds) read the calling thread's last
+    finished call, so threads sharing one patched model never read each other's. Subclasses
+    name their :class:`CallData` class in ``call_data``."""
+
+    call_data: type[CallData] = CallData
+    aux_losses = LastCall("The auxiliary losses of this thread's last forward.")
+    stats = LastCall("The statistics of this thread's last forward.")
+
+    def __init__(self, method: str, modules: nn.Module | None = None) -> None:
+        self.calls = Calls(self.call_data)  # first: PatchState's fields are per call
+        super().__init__(method, modules)
+
+
+class UntrainedMethodWarning(UserWarning):
+    """A learned token method kept every token because its decisions are untrained."""
+
+
 def bracket_calls(model: nn.Module, state: PatchState, calls: Calls,
                   on_begin: Callable | None = None) -> list:
     """Begin a call of ``calls`` at every forward of ``model`` and end it after, also when the
@@ -171,22 +204,33 @@ def _end_call(state, calls: Calls, module, args, output) -> None:
     calls.end()
 
 
-def replace_forward(module: nn.Module, fn: Callable, state: PatchState, *args) -> None:
-    """The one patch mechanism of every host: ``module.forward`` becomes
-    ``partial(fn, state, *args, <the module's stock forward>)``, an instance attribute.
+def replace_method(module: nn.Module, name: str, fn: Callable, state: PatchState, *args) -> None:
+    """The hosts' way to change what a module does: ``module.<name>`` becomes
+    ``partial(fn, state, *args, <the module's stock bound method>)``, an instance attribute.
 
     A partial over a module-level function, not a closure nor a generated class:
     ``copy.deepcopy`` (which ``torch.ao`` quantization calls) copies a partial's arguments
-    with the model's memo, so a copy's forward reaches the copy's state and modules; pickle
+    with the model's memo, so a copy's method reaches the copy's state and modules; pickle
     stores the function by name; the class stays the stock one (``isinstance``,
-    ``save_pretrained`` and ``type(model).__name__`` are unchanged). :func:`restore_forward`
+    ``save_pretrained`` and ``type(model).__name__`` are unchanged). :func:`restore_method`
     undoes it."""
-    module.forward = partial(fn, state, *args, module.forward)
+    setattr(module, name, partial(fn, state, *args, getattr(module, name)))
+
+
+def restore_method(module: nn.Module, name: str) -> None:
+    """Undo :func:`replace_method` (the class's method shows through again)."""
+    module.__dict__.pop(name, None)
+
+
+def replace_forward(module: nn.Module, fn: Callable, state: PatchState, *args) -> None:
+    """:func:`replace_method` on ``forward``: ``module.forward`` becomes
+    ``partial(fn, state, *args, <the module's stock forward>)``."""
+    replace_method(module, "forward", fn, state, *args)
 
 
 def restore_forward(module: nn.Module) -> None:
     """Undo :func:`replace_forward` (the class's forward shows through again)."""
-    module.__dict__.pop("forward", None)
+    restore_method(module, "forward")
 
 
 def remove_state_hooks(model: nn.Module, state: PatchState) -> None:
@@ -241,6 +285,44 @@ def refuse_output_flags(config, kwargs: dict, host: str) -> None:
                 f"attnprune.unpatch(model)); the pruned forward returns the last hidden state")
 
 
+def build_method(name: str, context: dict, model: nn.Module, **options) -> nn.Module:
+    """The method module ``name`` built with ``options`` and the model facts in ``context``
+    (:func:`attnprune.methods.registry.create`), moved to ``model``'s device and dtype (a model
+    loaded in bf16 and patched afterwards runs its method in bf16 too) and following its mode
+    (``model.eval()`` came before the patch)."""
+    method = registry.create(name, context=context, **options)
+    param = next(model.parameters(), None)
+    if param is not None:
+        method.to(device=param.device, dtype=param.dtype)
+    method.train(model.training)
+    return method
+
+
+def group_overhead(override: float | None, d_model: int, block: str) -> float:
+    """Row bucketing's cost of one more group of rows, in token slots
+    (:func:`attnprune.selection.row_groups`'s c): a host's fixed ``override`` if set (tests set
+    a small one), else :func:`attnprune.selection.group_overhead_slots` at width ``d_model``."""
+    return override if override is not None else group_overhead_slots(d_model, block=block)
+
+
+def split_rows(mask: Tensor, overhead: float) -> list[Tensor] | None:
+    """After a gather: the groups of rows (index tensors) with similar kept counts that run
+    the rest of the layers apart, or None when one group (the batch) is best."""
+    if mask.shape[0] < 2:
+        return None
+    groups = row_groups(mask.sum(1), overhead)
+    return groups if len(groups) > 1 else None
+
+
+def run_row_groups(groups: list[Tensor], mask: Tensor, run: Callable[[Tensor, int], object]
+                   ) -> list[tuple[Tensor, object]]:
+    """The row-group recursion's step: ``run(rows, k)`` on each group, ``rows`` its indices
+    into the batch and ``k`` its longest row's count of ``mask``'s True slots (at least 1):
+    the group is cut to its first ``k`` slots (pad slots sit at the end of a gathered row).
+    Returns ``[(rows, what run returned)]``; the groups cover every row once."""
+    return [(rows, run(rows, max(int(mask[rows].sum(1).max()), 1))) for rows in groups]
+
+
 METHOD_MODULE = "attnprune_method"  # the submodule name a host gives the method module
 
 
@@ -265,23 +347,78 @@ def remove_method_module(owner: nn.Module, module: nn.Module) -> None:
 
 @dataclass(frozen=True)
 class Host:
+    """A registered host: ``patch(model, spec, **options)`` for models ``matches`` accepts
+    and methods of ``kinds``, and what :func:`attnprune.patch` must know of it."""
+
     name: str
     kinds: tuple[str, ...]
     matches: Callable[[nn.Module], bool]
     patch: Callable[..., PatchState]
+    options: tuple[str, ...] = ()  # keywords its patch takes out of **options itself
+    aliases: Mapping[str, str] = field(default_factory=dict)  # method names it reads otherwise
+    one_method: str | None = None  # why its models refuse stack=True (None: they take it)
+    # A wrapper host (sentence-transformers): the inner model it patches through that model's
+    # host, whose options it takes too, and the name its own options go under in messages.
+    inner: Callable[[nn.Module], nn.Module | None] | None = None
+    label: str = ""
+
+    def accepted(self, model: nn.Module, spec) -> tuple[str, list] | None:
+        """(the method name this host builds for ``spec``, [(whose, option names)]) for
+        :func:`attnprune.patch`'s check of its keywords; None when the host's patch says what
+        is wrong with the model instead."""
+        if self.inner is not None:
+            inner = self.inner(model)
+            try:
+                found = None if inner is None else find_host(inner, spec.kind).accepted(inner, spec)
+            except ValueError:
+                return None  # the host's own check says why
+            return None if found is None else (found[0], [*found[1], (self.label, self.options)])
+        params = list(inspect.signature(self.patch).parameters.values())[2:]
+        named = [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                      inspect.Parameter.KEYWORD_ONLY)]
+        return (self.aliases.get(spec.name, spec.name),
+                [(f"the {self.name} host", (*named, *self.options))])
 
 
 _HOSTS: list[Host] = []
+# TRANSITIONAL (issue 47, helper C): what two hosts must declare in their register_host line
+# (hf_attention pops ffn_modules; hf_llama reads "ltp" as ltp_causal); removed once they do.
+_UNDECLARED = {"hf_attention": {"options": ("ffn_modules",)},
+               "hf_llama": {"aliases": {"ltp": "ltp_causal"}}}
 
 
-def register_host(name: str, kinds: tuple[str, ...], matches: Callable[[nn.Module], bool]):
-    """Decorator on a host's ``patch`` function."""
+def register_host(name: str, kinds: tuple[str, ...], matches: Callable[[nn.Module], bool],
+                  **declared):
+    """Decorator on a host's ``patch`` function; ``declared``: :class:`Host`'s other fields
+    (``options``, ``aliases``, ``one_method``, ``inner``, ``label``)."""
 
     def deco(fn):
-        _HOSTS.append(Host(name, tuple(kinds), matches, fn))
+        _HOSTS.append(Host(name, tuple(kinds), matches, fn, **{**_UNDECLARED.get(name, {}),
+                                                              **declared}))
         return fn
 
     return deco
+
+
+def patch_with(host: Host, model: nn.Module, spec, requested: str, options: dict) -> PatchState:
+    """``host.patch(model, spec, **options)`` with what every patch records on its state: the
+    name and options it was called with (a copy: the host may consume its dict, the caller
+    may change theirs) and the method's kind, the recipe ``attnprune.save_pretrained`` writes."""
+    try:
+        kept = copy.deepcopy(options)
+    except Exception:  # noqa: BLE001 (any uncopyable option; save_pretrained refuses it by name)
+        kept = dict(options)
+    state = host.patch(model, spec, **options)
+    state.requested, state.options, state.kind = requested, kept, spec.kind
+    return state
+
+
+def unpatch_model(model: nn.Module) -> None:
+    """Undo the patch whose state ``model`` holds (a no-op on an unpatched model)."""
+    state: PatchState | None = getattr(model, MODEL_STATE_ATTR, None)
+    if state is not None:
+        state.unpatch(model)
+        object.__setattr__(model, MODEL_STATE_ATTR, None)
 
 
 def _from_transformers(model: nn.Module) -> bool:

@@ -65,6 +65,7 @@ batch whose lengths change between its blocks.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -76,33 +77,38 @@ from transformers import DynamicCache, GPT2Model
 
 from attnprune.compat import (
     BaseModelOutputWithPastAndCrossAttentions,
-    children_dict,
     create_causal_mask,
+    hook_dicts,
 )
 from attnprune.hosts import (
     CallData,
-    Calls,
-    PatchState,
+    CallState,
+    LastCall,
+    UntrainedMethodWarning,
+    add_method_module,
     bracket_calls,
+    build_method,
     check_attn_implementation,
+    group_overhead,
     refuse_output_flags,
     register_host,
+    remove_method_module,
     remove_state_hooks,
     replace_forward,
     restore_forward,
+    run_row_groups,
+    split_rows,
 )
 from attnprune.methods import registry
-from attnprune.selection import (
-    check_keep_ratio,
-    gather_tokens,
-    group_overhead_slots,
-    row_groups,
-    scatter_tokens,
-)
+from attnprune.selection import check_keep_ratio, gather_tokens, scatter_tokens
 
-__all__ = ["CausalCall", "CausalPatchState", "block_loop", "causal_methods", "gpt2_forward"]
+__all__ = ["CAUSAL_ALIASES", "BlockPass", "CausalCall", "CausalPatchState",
+           "UntrainedMethodWarning", "block_loop", "causal_methods", "gpt2_forward", "gpt2_inner",
+           "one_cache"]
 
-_ALIASES = {"ltp": "ltp_causal"}  # the encoder LTP owns the name "ltp"; here it means ltp_causal
+# Method names the causal hosts read otherwise (declared with register_host): the encoder LTP
+# owns the name "ltp"; here it means ltp_causal.
+CAUSAL_ALIASES = {"ltp": "ltp_causal"}
 _KEYS_ATTR = "_attnprune_keys"  # per-block 2D key-validity masks stored on a KV cache
 # A fixed cost of one more group of rows in token slots (see row_groups); None: the measured
 # model, selection.group_overhead_slots(d, block="gpt2") (tests set a small one).
@@ -127,7 +133,7 @@ def output_cache(out):
 
 def causal_methods() -> list[str]:
     """Registered token methods whose decisions are causal (usable with this host)."""
-    return [n for n in registry.list_methods("token") if getattr(registry.get(n).cls, "causal", False)]
+    return [n for n in registry.list_methods("token") if registry.get(n).cls.causal]
 
 
 class CausalCall(CallData):
@@ -141,7 +147,7 @@ class CausalCall(CallData):
 
 
 @dataclass
-class _Pass:
+class BlockPass:
     """What one forward's block loop reads at every level of row bucketing. Built by the
     forward and passed down (row groups get a copy with their rows): it never outlives the
     call, and what the call leaves goes to ``data``, the call's own :class:`CausalCall`."""
@@ -167,7 +173,8 @@ class _Pass:
     rows: dict = field(default_factory=dict)
 
 
-def _gpt2(model: nn.Module) -> GPT2Model | None:
+def gpt2_inner(model: nn.Module) -> GPT2Model | None:
+    """The ``GPT2Model`` of a GPT-2 family model (itself, or its ``transformer``), or None."""
     if isinstance(model, GPT2Model):
         return model
     inner = getattr(model, "transformer", None)
@@ -212,7 +219,7 @@ def block_loop(state: CausalPatchState, inner: nn.Module, h: Tensor, attention_m
     # Row bucketing only where nothing else sees the padded batch: no cache whose per-block
     # key masks and lengths are per batch, no relaxed training masks or batch-level losses.
     bucket = state.bucket_rows and not inner.training and not use_cache and past_key_values is None
-    run = _Pass(blocks=blocks, call_block=call_block, overhead=overhead, config=inner.config,
+    run = BlockPass(blocks=blocks, call_block=call_block, overhead=overhead, config=inner.config,
                 training=inner.training, method=state.method_module,
                 layers=set(state.layers) if state.enabled else set(),
                 keep_ratio=state.keep_ratio, L=L, cache=past_key_values, use_cache=use_cache,
@@ -228,7 +235,7 @@ def block_loop(state: CausalPatchState, inner: nn.Module, h: Tensor, attention_m
     return full
 
 
-def _blocks(run: _Pass, start: int, h: Tensor, full: Tensor, index: Tensor, cmask: Tensor,
+def _blocks(run: BlockPass, start: int, h: Tensor, full: Tensor, index: Tensor, cmask: Tensor,
             key_masks, alive: Tensor | None, decide_from: int = 0, covered: bool = False):
     """Blocks ``start``, ``start + 1``, … on b rows; returns (full, key_masks).
 
@@ -252,7 +259,7 @@ def _blocks(run: _Pass, start: int, h: Tensor, full: Tensor, index: Tensor, cmas
         if l in run.layers and l >= decide_from and any_alive:
             # Training-time protection of the chunk's last N positions (LTP) is by original
             # position: "last N alive tokens" would move when a later token is dropped.
-            n_prot = getattr(method, "protect_last", 0) if run.training else 0
+            n_prot = method.protect_last if run.training else 0
             protect = (index >= L - n_prot) & cmask if n_prot else None
             sel = method(h, cmask, layer=l, keep_ratio=run.keep_ratio, protect=protect)
             if sel.aux_loss is not None:
@@ -275,11 +282,10 @@ def _blocks(run: _Pass, start: int, h: Tensor, full: Tensor, index: Tensor, cmas
                 any_alive, prefix = k_max > 0, run.cache is None  # pads now at the ends
                 index = torch.gather(index, 1, g.index)
                 key_masks = _gathered_keys(len(run.blocks), key_masks, g, run.cache)
-                if run.bucket and h.shape[0] > 1:
-                    groups = row_groups(cmask.sum(1), run.overhead)
-                    if len(groups) > 1:
-                        full = _write_back(full, pending, covered)
-                        return _grouped(run, l, groups, h, full, index, cmask, key_masks), None
+                groups = split_rows(cmask, run.overhead) if run.bucket else None
+                if groups:
+                    full = _write_back(full, pending, covered)
+                    return _grouped(run, l, groups, h, full, index, cmask, key_masks), None
         # Kept = processed by this block (in relaxed training: alive weight > 0.5).
         counted = cmask if alive is None else cmask & (alive > 0.5)
         run.kept[l] = run.kept[l] + counted.sum()  # a tensor: read once, at the end
@@ -296,17 +302,19 @@ def _blocks(run: _Pass, start: int, h: Tensor, full: Tensor, index: Tensor, cmas
     return _write_back(full, pending, covered), key_masks
 
 
-def _grouped(run: _Pass, l: int, groups: list[Tensor], h: Tensor, full: Tensor, index: Tensor,
+def _grouped(run: BlockPass, l: int, groups: list[Tensor], h: Tensor, full: Tensor, index: Tensor,
              cmask: Tensor, key_masks) -> Tensor:
     """Blocks l, l+1, … on each group of rows, cut to the group's longest row (pad slots
     sit at the end of a gathered row); each group's final states go back to its rows."""
     out = torch.empty_like(full)  # (b, L, d); the groups cover every row once
-    for rows in groups:  # rows (g,) indices into the b rows
-        k = max(int(cmask[rows].sum(1).max()), 1)
+
+    def group(rows: Tensor, k: int) -> None:  # rows (g,) indices into the b rows
         keys = None if key_masks is None else [m[rows] for m in key_masks]
         sub = replace(run, rows={n: t[rows] for n, t in run.rows.items()})
         out[rows], _ = _blocks(sub, l, h[rows, :k], full[rows], index[rows, :k],
                                cmask[rows, :k], keys, alive=None, decide_from=l + 1)
+
+    run_row_groups(groups, cmask, group)
     return out
 
 
@@ -362,7 +370,7 @@ def _block_mask(config, h, cmask, key_masks, cache, l, alive, prefix: bool = Fal
 
 
 # ----------------------------------------------------------------------------- GPT-2
-def _gpt2_call(run: _Pass, l: int, block: nn.Module, h: Tensor, index: Tensor, mask) -> Tensor:
+def _gpt2_call(run: BlockPass, l: int, block: nn.Module, h: Tensor, index: Tensor, mask) -> Tensor:
     # Positions need no remapping: GPT-2 adds wpe once, at the input.
     return block(h, run.cache, mask, use_cache=run.use_cache, **run.block_kwargs)
 
@@ -375,7 +383,7 @@ def gpt2_forward(state: CausalPatchState, original, input_ids=None, past_key_val
     cross-attention); the cache comes as ``cache`` (transformers ≥ 5.24) or
     ``past_key_values`` (before)."""
     g = state.inner
-    past_key_values = _one_cache(cache, past_key_values)
+    past_key_values = one_cache(cache, past_key_values)
     if kwargs.get("encoder_hidden_states") is not None:
         raise ValueError("encoder_hidden_states: the causal pruning host has no cross-attention")
     if input_ids is not None and inputs_embeds is not None:
@@ -392,17 +400,23 @@ def gpt2_forward(state: CausalPatchState, original, input_ids=None, past_key_val
         h = h + g.wte(token_type_ids.view(B, -1))
     h = g.drop(h)  # (B, L, d)
     full = block_loop(state, g, h, attention_mask, past_key_values, use_cache,
-                      _block_kwargs(kwargs), {}, g.h, _gpt2_call, _gpt2_overhead(h))
+                      _block_kwargs(kwargs), {}, g.h, _gpt2_call,
+                      group_overhead(GROUP_OVERHEAD_TOKENS, h.shape[-1], "gpt2"))
     hidden = g.ln_f(full)
     return BaseModelOutputWithPastAndCrossAttentions(
         last_hidden_state=hidden, **cache_kwargs(past_key_values if use_cache else None))
 
 
-def _one_cache(cache, past_key_values):
+def one_cache(cache, past_key_values):
     """The cache given under either name (ValueError if both are given)."""
     if cache is not None and past_key_values is not None:
         raise ValueError("cache: give cache or past_key_values, not both")
     return cache if cache is not None else past_key_values
+
+
+# TRANSITIONAL (issue 47): the old private names, until hf_llama imports the public ones.
+_Pass, _one_cache = BlockPass, one_cache
+_gpt2 = gpt2_inner  # and hf_prefill's import, until its owner commits the new one
 
 
 def _write_back(full: Tensor, pending: list, covered: bool = False) -> Tensor:
@@ -452,7 +466,7 @@ def _soft_mask(h: Tensor, cmask: Tensor, alive: Tensor) -> Tensor:
     return torch.where(eye & ~cmask[:, None, :, None], torch.zeros_like(mask), mask)
 
 
-class CausalPatchState(PatchState):
+class CausalPatchState(CallState):
     """Patch of a causal model (GPT-2, Llama family): the method, its decision layers, and
     each thread's last forward (``aux_losses``, ``stats``, ``actions``: read from
     ``calls.last()``, so threads sharing one patched model never read each other's).
@@ -464,9 +478,11 @@ class CausalPatchState(PatchState):
     LM-head hook when labels are given.
     """
 
+    call_data = CausalCall
+    actions = LastCall("The policy's actions of this thread's last forward (DTR).")
+
     def __init__(self, method: str, module: nn.Module, layers, keep_ratio, enabled: bool,
                  bucket_rows: bool = True):
-        self.calls = Calls(CausalCall)  # first: PatchState's fields below are per call
         super().__init__(method, module)
         self.method_module = module
         self.layers = tuple(layers)
@@ -476,44 +492,12 @@ class CausalPatchState(PatchState):
         self.inner: nn.Module | None = None  # the model whose forward is replaced
         self._handles: list = []
 
-    # -- per-call data (this thread's last forward) ----------------------------------------
-    def _last(self) -> CausalCall:
-        data = self.calls.last()
-        if data is None:  # nothing ran on this thread yet: an empty call to write into
-            self.calls.begin()
-            self.calls.end()
-            data = self.calls.last()
-        return data
-
-    @property
-    def aux_losses(self) -> list[Tensor]:
-        data = self.calls.last()
-        return [] if data is None else data.aux_losses
-
-    @aux_losses.setter
-    def aux_losses(self, value: list[Tensor]) -> None:
-        self._last().aux_losses = value
-
-    @property
-    def stats(self) -> dict:
-        data = self.calls.last()
-        return {} if data is None else data.stats
-
-    @stats.setter
-    def stats(self, value: dict) -> None:
-        self._last().stats = value
-
-    @property
-    def actions(self) -> list[dict]:
-        data = self.calls.last()
-        return [] if data is None else data.actions
-
     def unpatch(self, model: nn.Module) -> None:
         """Restore the stock forward and remove the method module and the hooks."""
         inner = self.inner
         if inner is not None:
             restore_forward(inner)
-            children_dict(inner).pop("attnprune_method", None)
+            remove_method_module(inner, self.method_module)
         for handle in self._handles:
             handle.remove()
         remove_state_hooks(model, self)
@@ -558,16 +542,10 @@ def _policy_hook(state: CausalPatchState, module, args, kwargs, output) -> None:
 
 
 def _is_gpt2(model: nn.Module) -> bool:
-    return _gpt2(model) is not None
+    return gpt2_inner(model) is not None
 
 
-def _gpt2_overhead(inputs_embeds: Tensor) -> float:
-    if GROUP_OVERHEAD_TOKENS is not None:
-        return GROUP_OVERHEAD_TOKENS
-    return group_overhead_slots(inputs_embeds.shape[-1], block="gpt2")
-
-
-@register_host("hf_causal", kinds=("token",), matches=_is_gpt2)
+@register_host("hf_causal", kinds=("token",), matches=_is_gpt2, aliases=CAUSAL_ALIASES)
 def patch(model: nn.Module, spec, keep_ratio: float | None = None, layers=None,
           enabled: bool = True, bucket_rows: bool = True, **options) -> CausalPatchState:
     """Patch a GPT-2 family model with a causal token method.
@@ -581,7 +559,7 @@ def patch(model: nn.Module, spec, keep_ratio: float | None = None, layers=None,
     (:func:`attnprune.selection.row_groups`) so short rows are
     not padded to the longest; same outputs, fewer FLOPs. Other ``options`` go to the method.
     """
-    g = _gpt2(model)
+    g = gpt2_inner(model)
     c = g.config
     return patch_causal(model, g, spec, gpt2_forward, "GPT-2 models",
                         {"d_model": c.n_embd, "n_layers": c.n_layer, "n_heads": c.n_head},
@@ -597,9 +575,9 @@ def patch_causal(model: nn.Module, inner: nn.Module, spec, forward: Callable, la
     :func:`block_loop`), bracket its calls and hook the LM head."""
     if not isinstance(bucket_rows, bool):
         raise ValueError(f"bucket_rows must be True or False, got {bucket_rows!r}")  # noqa: TRY004 (patch() contract: ValueError)
-    name = _ALIASES.get(spec.name, spec.name)
+    name = CAUSAL_ALIASES.get(spec.name, spec.name)
     spec = registry.get(name)
-    if not getattr(spec.cls, "causal", False):
+    if not spec.cls.causal:
         raise ValueError(
             f"method: {spec.name!r} is not causal (its decision for token t uses later tokens or "
             f"the whole row); {label} take: {', '.join(causal_methods())}")
@@ -608,21 +586,17 @@ def patch_causal(model: nn.Module, inner: nn.Module, spec, forward: Callable, la
         keep_ratio = check_keep_ratio(keep_ratio)
     if layers is not None:
         options["layers"] = layers
-    module = registry.create(name, context=context, **options)
+    # On the model's device and dtype (a bf16 model patched afterwards runs the method in bf16;
+    # integer and bool buffers keep theirs), in the model's mode.
+    module = build_method(name, context, inner, **options)
     bad = [l for l in module.layers if not 1 <= l < n_layers]
     if bad:
         raise ValueError(f"layers: decision layers must be in 1..{n_layers - 1}, got {bad}")
     check_attn_implementation(inner.config, label)
-    param = next(inner.parameters())
-    # The model's device and dtype: a model loaded in bf16 and patched afterwards (the usual
-    # order) runs the method in bf16 too (before: fp32 method weights on bf16 states raised
-    # "mat1 and mat2 must have the same dtype"). Integer and bool buffers keep their dtype.
-    module.to(device=param.device, dtype=param.dtype)
-    module.train(inner.training)  # follow the model's mode (model.eval() came before the patch)
     on = bool(enabled) and keep_ratio != 1.0
     state = CausalPatchState(name, module, module.layers, keep_ratio, on, bucket_rows)
     state.inner = inner
-    inner.add_module("attnprune_method", module)
+    add_method_module(inner, module)  # trained and saved with the model
     # Partials over the state, not closures nor a generated class: the class stays the stock
     # one, and deep copies and pickles carry their own state (see replace_forward).
     replace_forward(inner, forward, state)
@@ -630,6 +604,8 @@ def patch_causal(model: nn.Module, inner: nn.Module, spec, forward: Callable, la
     if inner is not model:
         state._handles.append(
             model.register_forward_hook(partial(_policy_hook, state), with_kwargs=True))
+    if on:  # removed by unpatch (remove_state_hooks) or after its one check
+        model.register_forward_hook(partial(_untrained_check, state))
     return state
 
 
@@ -640,3 +616,47 @@ def _check_call(state: CausalPatchState, data: CausalCall, module, args, kwargs)
     check_attn_implementation(module.config, type(module).__name__)
     if state.enabled and state.layers:
         refuse_output_flags(module.config, kwargs, "causal host")
+
+
+# ----------------------------------------------------------------------------- untrained watch
+# The causal methods (ltp, dtr, hybrid) learn their decisions and, freshly built, keep every
+# token whatever ``keep_ratio`` says. Checked once, at the first eval forward, not at patch
+# time: a loader (``from_pretrained``, ``bench lm``) patches first and puts the trained weights
+# in after. The hook is a partial over the state, so unpatch removes it (remove_state_hooks).
+def _untrained_check(state: CausalPatchState, module: nn.Module, args, output) -> None:
+    if module.training:  # training is what makes the decisions; wait for an eval forward
+        return
+    hooks = hook_dicts(module)[0]
+    for key in [k for k, h in hooks.items()  # once: remove this hook
+                if isinstance(h, partial) and h.func is _untrained_check and h.args[0] is state]:
+        del hooks[key]
+    kept = state.stats.get("kept_per_layer") or [0.0]
+    if not state.enabled or min(kept) < 1.0 or not _decides_blindly(state, module):
+        return
+    target = "" if state.keep_ratio is None else f", so keep_ratio={state.keep_ratio} is only its training target"
+    warnings.warn(
+        f"{state.requested!r} kept every token: {state.method} learns which tokens to drop and "
+        f"its decisions are untrained (the same for every input){target}. Train it first (`attnprune lm "
+        f"--method {state.requested}`, or your loop adding attnprune.aux_loss(model)) or load "
+        f"trained weights; to prune long prompts without training use "
+        f"attnprune.prefill.generate(model, input_ids, attention_mask, keep=...)",
+        UntrainedMethodWarning, stacklevel=2)
+
+
+@torch.no_grad()
+def _decides_blindly(state: CausalPatchState, model: nn.Module) -> bool:
+    """True if the method keeps every token of random inputs at every decision layer with
+    scores that do not depend on the input (a fresh LTP's w = 0, a fresh DTR policy's W2 = 0)."""
+    method = state.method_module
+    p = next(method.parameters(), None)
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if p is None or embeddings is None:
+        return False
+    d = embeddings.embedding_dim
+    x = torch.randn(2, 32, d, generator=torch.Generator().manual_seed(0)).to(p)
+    mask = torch.ones(2, 32, dtype=torch.bool, device=p.device)
+    for layer in state.layers:
+        sel = method(x, mask, keep_ratio=state.keep_ratio, layer=layer)
+        if not bool(sel.keep.all()) or sel.scores is None or float(sel.scores.amax() - sel.scores.amin()) > 1e-6:
+            return False
+    return True

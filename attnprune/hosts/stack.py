@@ -45,6 +45,16 @@ def check_stackable(existing: list[PatchState], method: str, kind: str) -> None:
                 f"loss method (the kinds must differ)")
 
 
+def stack_states(below: list[PatchState], state: PatchState) -> PatchStack:
+    """The :class:`PatchStack` of ``below`` plus the new ``state``. The attention host then
+    reads the real tokens from each call's mask, not from the model-level mask
+    (``derive_token_mask``: after a token host's gather they no longer line up)."""
+    for s in [*below, state]:
+        if hasattr(s, "derive_token_mask"):  # the attention host
+            s.derive_token_mask = True
+    return PatchStack([*below, state])
+
+
 class PatchStack(PatchState):
     """The patch state of a stacked model (``attnprune.patch_state(model)``): its
     ``states`` in the order they were applied, one per method.

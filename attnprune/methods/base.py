@@ -15,11 +15,17 @@ Hosts that merge (the encoder host with ``reduce="merge"``) do not delete the un
 each is averaged, weighted by how many originals it stands for, into the kept token the
 method names in ``Selection.merge_into`` or else its most similar kept one, so the method's
 ``keep`` says which tokens stay computed, not whose content survives.
+
+The protocol: :class:`TokenMethod` declares every attribute a host reads from a token method,
+with its default (a method sets only what differs); :class:`AttentionMethod` and
+:class:`LossMethod` do the same for the attention host. ``registry.register`` refuses a
+class that does not derive from its kind's base, so a new method is one file.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -39,19 +45,43 @@ class Selection:
 
 
 class TokenMethod(nn.Module):
-    """Base class of token-pruning methods (kind "token").
+    """Base class of token-pruning methods (kind "token"): the attributes hosts read, with
+    their defaults; subclasses set those that differ and implement :meth:`forward`.
 
-    Subclasses set ``needs_attention`` when they score from attention probabilities and
-    ``needs_labels`` when a training loss of theirs uses the sequence labels, and
-    ``variable_budget`` when they decide the kept count themselves (thresholds); they implement
-    :meth:`forward`. ``protect_first`` keeps position 0 (CLS) whatever its score.
+    Read by every token host (``hf_encoder``, the synthetic track's): ``needs_attention``,
+    ``attention_rows``, ``needs_keys``, ``needs_labels``, ``variable_budget``,
+    ``default_reduce``. Read by the causal hosts (``hf_causal``, ``hf_llama``), which take
+    only methods with ``causal = True``: ``layers``, ``protect_last``, :meth:`reinforce_loss`.
     """
 
     needs_attention: bool = False
+    """True: :meth:`forward` scores from the layer's attention probabilities (``attn``)."""
+    attention_rows: str = "all"
+    """Which rows of the attention probabilities the score reads, so hosts compute only those:
+    "all" (B, H, L, L), "first" (the CLS row, (B, H, 1, L)) or "received" (per head, the mean
+    over real queries, (B, H, 1, L)). Hosts that ignore it pass the full (B, H, L, L)."""
+    needs_keys: bool = False
+    """True: :meth:`forward` takes ``keys`` (B, L, d_k), the layer's key projection."""
     needs_labels: bool = False
-    variable_budget: bool = False  # True: the kept count is not ⌊ρ·n⌋ (thresholds, policies)
-    needs_keys: bool = False  # True: forward takes ``keys`` (B, L, d_k), the layer's key projection
-    default_reduce: str = "drop"  # what a host that can merge does with the unkept tokens
+    """True: a training loss of the method reads the sequence labels (``labels``)."""
+    variable_budget: bool = False
+    """True: the kept count is not ⌊ρ·n⌋ (thresholds, policies): hosts size gathers from it."""
+    default_reduce: str = "drop"
+    """What a host that can merge does with the unkept tokens ("drop" or "merge")."""
+    causal: bool = False
+    """True: the decision for token t reads only tokens ≤ t and not the sequence length, so a
+    cached decode step decides as a full recompute (the causal hosts refuse other methods)."""
+    layers: tuple[int, ...] = ()
+    """The decision layers a causal host runs the method at (causal methods set their own)."""
+    protect_last: int = 0
+    """In training, the causal hosts keep the chunk's last N positions whatever the scores."""
+
+    def reinforce_loss(self, actions: list[dict], token_loss: Tensor, real: Tensor) -> Tensor | None:
+        """The policy loss of a forward's ``actions`` (the ``Selection.info`` dicts that hold a
+        ``log_prob``, with their original positions), given the per-position LM losses
+        ``token_loss`` (B, T) and the positions whose decisions count ``real`` (B, T); None
+        for a method without a policy. The causal hosts call it when labels are given."""
+        return None
 
     def forward(
         self,
@@ -64,6 +94,43 @@ class TokenMethod(nn.Module):
         protect: Tensor | None = None,  # (B, L) bool, tokens that must be kept (e.g. CLS)
     ) -> Selection:
         raise NotImplementedError
+
+
+class AttentionMethod(nn.Module):
+    """Base class of attention-level methods (kind "attention"): the attention host runs
+    :meth:`attend` in place of the attention function of every self-attention module.
+
+    ``neutral_options`` and ``example_options`` are facts of the method that tests and docs
+    read from the registry (no hand-written list per method): the options under which it
+    leaves the model's outputs stock, and options under which a short run visibly acts.
+    """
+
+    needs_hidden: bool = False
+    """True: the host captures each layer's input hidden states and passes them (``hidden``)."""
+    ffn_on: bool = False
+    """True: the host hooks every FFN's first layer and adds :meth:`ffn_term` to the losses."""
+    neutral_options: ClassVar[dict] = {}
+    """Options under which the method leaves the model's outputs stock."""
+    example_options: ClassVar[dict] = {}
+    """Options under which a short run visibly acts (the defaults when empty)."""
+
+    def attend(self, module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+               mask: Tensor | None, **kwargs) -> tuple[Tensor, Tensor | None]:
+        """Attention of ``module`` on ``query`` (B, H, Tq, d), ``key`` / ``value`` (B, H, Tk, d)
+        under ``mask``; returns (out (B, Tq, H, d), probabilities or None). Keywords: dropout,
+        scaling, layer, hidden, aux (the call's loss list), token_mask, need_weights, softcap,
+        bias, positions."""
+        raise NotImplementedError
+
+    def ffn_term(self, pre_activation: Tensor, token_mask: Tensor | None) -> Tensor:
+        """The loss term of one FFN first layer's output (only when ``ffn_on``)."""
+        raise NotImplementedError
+
+
+class LossMethod(AttentionMethod):
+    """Base class of loss methods (kind "loss"): served by the attention host like an
+    attention method, they leave the attention as it is and add penalties to the call's
+    losses (``aux``, :meth:`ffn_term`)."""
 
 
 def protect_first(mask: Tensor) -> Tensor:

@@ -54,6 +54,7 @@ skipped work (counted FLOPs and wall time) at inference.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -66,6 +67,7 @@ from attnprune.attention import (
     score_bias,
     softmax_rows,
 )
+from attnprune.methods.base import LossMethod
 from attnprune.methods.registry import register
 
 LOCATIONS = ("both", "attention", "ffn")
@@ -82,12 +84,14 @@ def masked_mean(x: Tensor, token_mask: Tensor | None, dims: tuple[int, ...]) -> 
 
 
 @register("cost", kind="loss", paper="compute_cost_incentive_ocr_zh.txt")
-class CostIncentive(nn.Module):
+class CostIncentive(LossMethod):
     """Computational-cost incentive: λ·(α·attention entropy + β·FFN term) in the loss; the FFN
     term is ‖ReLU(W1x+b1)‖₁ (``ffn_penalty="l1"``, eq. 2) or the group lasso over units
     (``"group"``)."""
 
     needs_hidden = False
+    neutral_options: ClassVar[dict] = {"lam": 0.0}
+    example_options: ClassVar[dict] = {"lam": 1e-2}
 
     def __init__(self, lam: float = 1e-4, alpha: float = 1.0, beta: float = 1.0,
                  location: str = "both", ffn_penalty: str = "l1") -> None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,7 @@ from attnprune.attention import (
     softmax_rows,
     topk_row_mask,
 )
+from attnprune.methods.base import AttentionMethod
 from attnprune.methods.registry import register
 
 # the attention math lives in :mod:`attnprune.attention`; the names other modules imported
@@ -84,10 +86,12 @@ def parse_sparsity(sparsity: float | Sequence[float], n_layers: int) -> list[flo
 
 
 @register("crisp", kind="attention", paper="crisp_attention.txt")
-class CrispAttention(nn.Module):
+class CrispAttention(AttentionMethod):
     """Crisp attention: keep the top (1 − s) share of each row's pre-softmax scores."""
 
     needs_hidden = False
+    neutral_options: ClassVar[dict] = {"sparsity": 0.0}
+    example_options: ClassVar[dict] = {"sparsity": 0.5}
 
     def __init__(
         self,

@@ -37,6 +37,8 @@ are per query head (``n_heads`` = query heads): (I ⊙ Q)Kᵀ never needs the ke
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -49,6 +51,7 @@ from attnprune.attention import (
     score_terms,
     softmax_rows,
 )
+from attnprune.methods.base import AttentionMethod
 from attnprune.methods.registry import register
 
 POS_WEIGHT = 0.1  # eq. 3 of the paper
@@ -90,10 +93,11 @@ class IntensityPredictor(nn.Module):
 
 
 @register("intensity", kind="attention", paper="attention_intensity_modulation.txt")
-class IntensityModulation(nn.Module):
+class IntensityModulation(AttentionMethod):
     """Attention intensity modulation: per-query (and per-head) factors scale QKᵀ."""
 
     needs_hidden = True
+    neutral_options: ClassVar[dict] = {"fixed": 1.0}
 
     def __init__(
         self,

@@ -19,7 +19,10 @@ import inspect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from attnprune.methods.base import AttentionMethod, LossMethod, TokenMethod
+
 KINDS = ("token", "attention", "loss")
+_BASES = {"token": TokenMethod, "attention": AttentionMethod, "loss": LossMethod}
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,10 @@ def register(name: str, kind: str, paper: str = ""):
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
 
     def deco(cls):
+        base = _BASES[kind]
+        if not issubclass(cls, base):
+            raise TypeError(f"method {name!r}: a {kind} method derives from "
+                            f"attnprune.methods.base.{base.__name__} (the attributes hosts read)")
         if name in _REGISTRY and _REGISTRY[name].cls is not cls:
             raise ValueError(f"method {name!r} is already registered by {_REGISTRY[name].cls}")
         doc = (inspect.getdoc(cls) or "").strip().splitlines()

@@ -1,4 +1,4 @@
-"""sentence-transformers: ``attnprune.patch(SentenceTransformer(...), method, **options)``.
+"""The sentence-transformers host: ``attnprune.patch(SentenceTransformer(...), method, **options)``.
 
 A SentenceTransformer runs its modules in turn on one ``features`` dict: ``Transformer``
 (``st[0]``) puts the encoder's ``last_hidden_state`` under ``token_embeddings``; ``Pooling``
@@ -43,7 +43,7 @@ Refused, with the reason: per-token outputs (``encode(output_value="token_embedd
 ``None``: the dropped tokens' states are stale), modules other than Pooling / Dense /
 Normalize / LayerNorm / Dropout after the Transformer (they may read tokens), no Pooling,
 decoder encoders (``st[0].auto_model`` not served by the ``hf_encoder`` host) and
-``stack=True`` (refused by :func:`attnprune.patch`). Attention-level methods (kind "attention") drop no token: they patch the
+``stack=True`` (this host declares ``one_method``, which :func:`attnprune.patch` reads). Attention-level methods (kind "attention") drop no token: they patch the
 inner model and leave the pooling as it is.
 
 Saving: sentence-transformers' own ``save`` / ``save_pretrained`` would write the stock
@@ -54,6 +54,11 @@ writes a sentence-transformers folder that loads pruned (:mod:`attnprune.deploy.
 ``attnprune.unpatch(st)`` restores every module; ``attnprune.patch_state(st)`` is a
 :class:`SentenceTransformerState`, which reads and sets the encoder's state (``enabled``,
 ``stats``, ``kept_mask``, ...).
+
+A host like the others (:func:`attnprune.hosts.register_host`), chosen by
+:func:`attnprune.hosts.find_host` for any sentence-transformers model class (told by its
+class's module: sentence-transformers is never imported here); it declares its own option
+(``reduce_queries``) and takes its encoder's host's options too (``inner``).
 """
 
 from __future__ import annotations
@@ -64,7 +69,17 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from attnprune.hosts import MODEL_STATE_ATTR, PatchState, find_host
+from attnprune.hosts import (
+    MODEL_STATE_ATTR,
+    PatchState,
+    find_host,
+    patch_with,
+    register_host,
+    replace_forward,
+    replace_method,
+    restore_method,
+    unpatch_model,
+)
 
 __all__ = ["SentenceTransformerState", "is_sentence_transformers_model",
            "patch_sentence_transformer"]
@@ -79,6 +94,13 @@ _PER_TOKEN_HELP = ("run it unpruned (attnprune.patch_state(model).enabled = Fals
 def is_sentence_transformers_model(model: nn.Module) -> bool:
     """True for a model class of the sentence-transformers package (without importing it)."""
     return any(c.__module__.startswith("sentence_transformers.") for c in type(model).__mro__)
+
+
+def encoder_of(model: nn.Module) -> nn.Module | None:
+    """The Hugging Face encoder of a SentenceTransformer (``model[0].auto_model``), or None."""
+    first = next(iter(model.children()), None)
+    encoder = getattr(first, "auto_model", None)
+    return encoder if isinstance(encoder, nn.Module) else None
 
 
 def _st_name(module: nn.Module) -> str | None:
@@ -161,14 +183,13 @@ class SentenceTransformerState(PatchState):
     def unpatch(self, model: nn.Module) -> None:
         for pool in self.poolings:
             if _is_ours(pool.__dict__.get("forward"), self):
-                del pool.forward
+                restore_method(pool, "forward")
         for name in ("encode", "save", "save_pretrained"):
             if _is_ours(model.__dict__.get(name), self):
-                delattr(model, name)
+                restore_method(model, name)
         encoder = self.transformer.auto_model
         if getattr(encoder, MODEL_STATE_ATTR, None) is self.inner:
-            self.inner.unpatch(encoder)
-            object.__setattr__(encoder, MODEL_STATE_ATTR, None)
+            unpatch_model(encoder)
 
 
 def _is_ours(fn, state: SentenceTransformerState) -> bool:
@@ -226,7 +247,7 @@ def _encode(state: SentenceTransformerState, original, *args, **kwargs):
     return original(*args, **kwargs)
 
 
-def _refuse_save(state: SentenceTransformerState, name: str, *args, **kwargs):
+def _refuse_save(state: SentenceTransformerState, name: str, original, *args, **kwargs):
     """``SentenceTransformer.save`` / ``save_pretrained``, patched: refused (they would write
     the stock encoder without the recipe, a folder that loads unpruned)."""
     raise ValueError(
@@ -283,6 +304,12 @@ def _output_value_index(model: nn.Module) -> int | None:
     return None
 
 
+@register_host("sentence_transformers", kinds=("token", "attention", "loss"),
+               matches=is_sentence_transformers_model, options=("reduce_queries",),
+               inner=encoder_of, label="sentence-transformers",
+               one_method="a SentenceTransformer takes one method; to combine a token and an "
+                          "attention method, patch its encoder (model[0].auto_model) with "
+                          "stack=True and pool over its kept_mask yourself")
 def patch_sentence_transformer(model: nn.Module, spec, **options) -> SentenceTransformerState:
     """Patch ``model`` (a SentenceTransformer) with method ``spec``: its encoder through the
     host that serves it, its Pooling modules to pool the tokens the encoder computed (token
@@ -301,7 +328,7 @@ def patch_sentence_transformer(model: nn.Module, spec, **options) -> SentenceTra
         raise ValueError("reduce_queries: only token methods reduce tokens; attention methods "
                          "leave every query whole already")
     merging = spec.kind == "token" and (
-        options.get("reduce") or getattr(spec.cls, "default_reduce", "drop")) == "merge"
+        options.get("reduce") or spec.cls.default_reduce) == "merge"
     if merging:
         from attnprune.hosts.hf_encoder import MERGE_MIN_TOKENS  # lazy: transformers' imports
 
@@ -313,12 +340,8 @@ def patch_sentence_transformer(model: nn.Module, spec, **options) -> SentenceTra
     if spec.kind == "token" and options.get("output") == "short":
         for pooling in poolings:
             _check_short(pooling)
-    previous = getattr(encoder, MODEL_STATE_ATTR, None)
-    if previous is not None:  # patched on its own before: replaced, as patch() does
-        previous.unpatch(encoder)
-        object.__setattr__(encoder, MODEL_STATE_ATTR, None)
-    inner = host.patch(encoder, spec, **options)
-    inner.requested, inner.options, inner.kind = spec.name, dict(options), spec.kind
+    unpatch_model(encoder)  # patched on its own before: replaced, as patch() does
+    inner = patch_with(host, encoder, spec, spec.name, options)
     object.__setattr__(encoder, MODEL_STATE_ATTR, inner)
     state = SentenceTransformerState(inner, transformer, poolings,
                                      _output_value_index(model) if poolings else None)
@@ -326,9 +349,9 @@ def patch_sentence_transformer(model: nn.Module, spec, **options) -> SentenceTra
     if not reduce_queries:
         inner.options["reduce_queries"] = False  # recorded by save_pretrained
     for pooling in poolings:  # instance attributes: no class is touched, deep copies follow
-        pooling.forward = partial(_pooling_forward, state, pooling.forward)
+        replace_forward(pooling, _pooling_forward, state)
     if poolings:
-        model.encode = partial(_encode, state, model.encode)
+        replace_method(model, "encode", _encode, state)
     for name in ("save", "save_pretrained"):
-        setattr(model, name, partial(_refuse_save, state, name))
+        replace_method(model, name, _refuse_save, state, name)
     return state
