@@ -76,7 +76,8 @@ from attnprune import api
 from attnprune.measure import count_flops, env_info, time_interleaved
 from attnprune.research.pareto_config import FULL, INT8, PHASES, ParetoConfig
 from attnprune.research.pareto_summary import summarize
-from attnprune.runs.config import ConfigError, parse_command_line
+from attnprune.runs.command import run_command
+from attnprune.runs.config import ConfigError
 from attnprune.runs.results import ResultsDir, atomic_write_text
 
 __all__ = ["FULL", "INT8", "PHASES", "ParetoConfig", "main", "run", "summarize"]
@@ -378,7 +379,6 @@ def main(argv: list[str]) -> int:
 
         print_help(__doc__, ParetoConfig)
         return 0
-    from attnprune.runs.config import ConfigError
     from attnprune.runs.distributed import launched
 
     if launched():
@@ -387,18 +387,19 @@ def main(argv: list[str]) -> int:
         raise ConfigError("pareto runs in one process: start it without torchrun / "
                           "accelerate launch (finetune is the multi-process command)")
 
+    def prepare(cfg: ParetoConfig):
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        return load_data(cfg)  # data problems stop here, before the results folder
+
+    def body(cfg: ParetoConfig, results: ResultsDir, data) -> str | None:
+        run(cfg, results, data)
+        table = results.path / "pareto.md"
+        return table.read_text() if table.is_file() else None  # the last line: no folder line
+
     # resuming a results folder: its saved config is the base (parse_command_line), and an
     # option given that differs from it is refused (ResultsDir.start), --phase aside
-    cl = parse_command_line(argv, ParetoConfig)
-    cfg = cl.config
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    data = load_data(cfg)  # data problems stop here, before the results folder
-    results = ResultsDir.start(cl.out, "pareto", cl.exact_out, cfg)
-    run(cfg, results, data)
-    if (results.path / "pareto.md").is_file():
-        print((results.path / "pareto.md").read_text())
-    return 0
+    return run_command(argv, ParetoConfig, "pareto", body, prepare=prepare, end_with_folder=False)
 
 
 def load_summary(folder) -> dict:
