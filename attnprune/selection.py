@@ -17,6 +17,7 @@ Conventions:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -33,6 +34,7 @@ __all__ = [
     "gumbel_sigmoid",
     "key_metric",
     "merge_tokens",
+    "parse_schedule",
     "row_groups",
     "scatter_tokens",
     "threshold_keep",
@@ -49,6 +51,82 @@ def check_keep_ratio(keep_ratio: float, name: str = "keep_ratio") -> float:
     if not (0.0 < value <= 1.0) or math.isnan(value):
         raise ValueError(f"{name} must be in (0, 1], got {keep_ratio!r}")
     return value
+
+
+def parse_schedule(
+    keep_ratio: float | Sequence[float] | None,
+    n_layers: int,
+    after_layer: int = 1,
+    schedule: str | float | Sequence[float] | None = None,
+) -> tuple[float, ...]:
+    """The cumulative keep ratio r_l after each of the ``n_layers`` layers (ToMe's ``parse_r``).
+
+    r_l is the share of the original real tokens still present after layer l (1-based);
+    r is non-increasing, and the last layer never prunes (nothing reads its dropped tokens).
+    Accepted forms:
+
+    * ``schedule`` None / ``"single"`` and a number ρ: prune once after layer ``after_layer``:
+      r = (1, …, 1, ρ, ρ, …).
+    * ``schedule="geometric"``: prune by ρ after every layer from ``after_layer`` on:
+      r = (1, …, 1, ρ, ρ², ρ³, …).
+    * ``schedule="linear"``: the same number of tokens after every layer from ``after_layer``
+      to the last but one, down to ρ (ToMe's constant r per layer): r falls by
+      (1 − ρ) / (n_layers − after_layer) a layer.
+    * ``schedule`` or ``keep_ratio`` a list of per-layer cumulative ratios, length
+      ``n_layers − 1`` or ``n_layers`` (the last value is then ignored).
+
+    Bad values raise ValueError naming the field.
+    """
+    if n_layers < 2:
+        raise ValueError(f"n_layers must be ≥ 2 to prune between layers, got {n_layers}")
+    explicit = None
+    if isinstance(schedule, (list, tuple)):
+        explicit = schedule
+    elif isinstance(keep_ratio, (list, tuple)):
+        explicit, schedule = keep_ratio, None
+    elif isinstance(schedule, str) and schedule.strip().startswith("["):
+        import yaml
+
+        explicit = yaml.safe_load(schedule)
+    if explicit is not None:
+        vals = [check_keep_ratio(v, f"schedule[{i}]") for i, v in enumerate(explicit)]
+        if len(vals) not in (n_layers - 1, n_layers):
+            raise ValueError(f"schedule: give {n_layers - 1} or {n_layers} values (one per "
+                             f"layer), got {len(vals)}")
+        vals = vals[: n_layers - 1]
+        for i in range(1, len(vals)):
+            if vals[i] > vals[i - 1] + 1e-12:
+                raise ValueError(f"schedule: cumulative keep ratios must not increase, got "
+                                 f"{vals[i - 1]} then {vals[i]} at layer {i + 1}")
+        return (*vals, vals[-1])
+    if schedule is None or isinstance(schedule, (int, float)):
+        rule = "single"
+        if isinstance(schedule, (int, float)):
+            keep_ratio = schedule
+    else:
+        rule = str(schedule).strip().lower()
+    if rule not in ("single", "geometric", "linear"):
+        raise ValueError(f"schedule: must be 'single', 'geometric', 'linear' or a list of "
+                         f"per-layer keep ratios, got {schedule!r}")
+    rho = check_keep_ratio(1.0 if keep_ratio is None else keep_ratio)
+    if isinstance(after_layer, bool) or not isinstance(after_layer, int):
+        raise ValueError(f"after_layer must be an integer, got {after_layer!r}")  # noqa: TRY004 (patch() contract: ValueError)
+    if not 1 <= after_layer <= n_layers - 1:
+        raise ValueError(f"after_layer must be in [1, {n_layers - 1}] for a {n_layers}-layer "
+                         f"model, got {after_layer}")
+    out = []
+    for layer in range(1, n_layers + 1):
+        steps = layer - after_layer + 1
+        if steps <= 0:
+            out.append(1.0)
+        elif rule == "single":
+            out.append(rho)
+        elif rule == "linear":
+            steps = min(steps, n_layers - after_layer)
+            out.append(1.0 - (1.0 - rho) * steps / (n_layers - after_layer))
+        else:
+            out.append(rho ** min(steps, n_layers - after_layer))
+    return tuple(out)
 
 
 def budget(n_tokens: Tensor | int, keep_ratio: float, minimum: int = 1) -> Tensor:

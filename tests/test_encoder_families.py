@@ -394,17 +394,17 @@ def test_attention_method_stacks_on_the_gathered_tokens(arch):
 def test_row_groups_keep_the_outputs(arch, monkeypatch):
     """Rows regrouped by kept count after the gather (each group cut to its own width) get
     their own position tables, and the same states as one padded batch."""
-    from attnprune.hosts import hf_encoder
+    from attnprune.hosts import hf_encoder, hf_encoder_loop
 
     monkeypatch.setattr(hf_encoder, "GROUP_OVERHEAD_TOKENS", 0.0)  # split at every count
     groups = []
-    grouped = hf_encoder._grouped
+    grouped = hf_encoder_loop._grouped
 
     def spy(state, run, start, row_groups, *rest, **kw):
         groups.append(len(row_groups))
         return grouped(state, run, start, row_groups, *rest, **kw)
 
-    monkeypatch.setattr(hf_encoder, "_grouped", spy)
+    monkeypatch.setattr(hf_encoder_loop, "_grouped", spy)
     model = build(arch)
     ids, mask = batch()
     _with_fixed(model, DROP)

@@ -7,7 +7,7 @@ a pruned tiny BERT compiled into 6 graphs instead of 1. ``tests/conftest.py``'s
 ``fake_exporting`` reproduces the bug on this torch; these tests check
 
 - that the fake does fake (so the rest cannot pass by a no-op simulation);
-- ``hf_encoder._exporting()`` is False inside torch.compile, with and without the fake, and
+- ``hf_encoder_paths.exporting()`` is False inside torch.compile, with and without the fake, and
   True under torch.export (strict and non-strict), so ONNX keeps the exact widths;
 - a pruned model (drop and merge) compiles into one graph under the fake, on the meta device.
   On the old ``_exporting`` (``torch.compiler.is_exporting() or torch.jit.is_tracing()``) this
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import attnprune
-from attnprune.hosts import hf_encoder
+from attnprune.hosts import hf_encoder_paths
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -50,13 +50,13 @@ def test_exporting_is_false_inside_compile(fake, request):
     if fake:
         request.getfixturevalue("fake_exporting")
     x = torch.zeros(2)
-    assert not hf_encoder._exporting()
-    assert _compiled(_branch_on(hf_encoder._exporting), x).eq(0).all()
+    assert not hf_encoder_paths.exporting()
+    assert _compiled(_branch_on(hf_encoder_paths.exporting), x).eq(0).all()
 
 
 class _Branches(torch.nn.Module):
     def forward(self, x):
-        return x * 2 if hf_encoder._exporting() else x * 3
+        return x * 2 if hf_encoder_paths.exporting() else x * 3
 
 
 @pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
@@ -67,7 +67,7 @@ def test_exporting_is_true_under_torch_export(strict, fake, request):
     x = torch.ones(2, 3)
     program = torch.export.export(_Branches(), (x,), strict=strict)
     assert program.module()(x).eq(2).all()  # the export branch was traced
-    assert not hf_encoder._exporting()  # and off again after
+    assert not hf_encoder_paths.exporting()  # and off again after
 
 
 class _Recorder:

@@ -18,9 +18,9 @@ from transformers import (
 )
 
 import attnprune
-from attnprune.hosts.hf_encoder import parse_schedule
 from attnprune.measure import count_flops
 from attnprune.methods.base import Selection
+from attnprune.selection import parse_schedule
 
 TOKEN_METHODS = attnprune.list_methods("token")
 KW = {"hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,

@@ -17,9 +17,9 @@ from transformers import BertConfig, BertModel
 
 import attnprune
 from attnprune import selection
-from attnprune.hosts.hf_encoder import parse_schedule
 from attnprune.methods.base import Selection
 from attnprune.methods.tome import bipartite_match
+from attnprune.selection import parse_schedule
 from tests.conftest import require_module
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -127,12 +127,12 @@ def test_proportional_attention_equals_attention_over_duplicates(options, monkey
     one (fp32, 1e-5), and sizes / source say who stands for whom; on one padded batch, in
     row groups (each row its own: no group overhead), and on the sync-free path."""
     if options.pop("groups", False):
-        from attnprune.hosts import hf_encoder
+        from attnprune.hosts import hf_encoder, hf_encoder_loop
 
         monkeypatch.setattr(hf_encoder, "GROUP_OVERHEAD_TOKENS", 0.0)
         seen = []
-        real_grouped = hf_encoder._grouped
-        monkeypatch.setattr(hf_encoder, "_grouped",
+        real_grouped = hf_encoder_loop._grouped
+        monkeypatch.setattr(hf_encoder_loop, "_grouped",
                             lambda *a, **k: seen.append(len(a[3])) or real_grouped(*a, **k))
     model = _orderless_bert()
     ids, mask = _batch()

@@ -29,7 +29,7 @@ from transformers import (
 )
 
 import attnprune
-from attnprune.hosts.hf_encoder import LazyStats, _fixed_width
+from attnprune.hosts.hf_encoder_paths import LazyStats, fixed_width
 from attnprune.methods import registry
 
 # MiniLM-L6's shape (6 layers, width 384, 12 heads, FFN 1536) with a small vocabulary and
@@ -229,11 +229,11 @@ def test_sync_free_path_says_when_protected_tokens_do_not_fit():
 
 
 def test_fixed_width_is_the_largest_budget():
-    assert _fixed_width(64, 0.25) == 16
-    assert _fixed_width(10, 0.7) == 7  # ⌊0.7·10⌋ with float error guarded
-    assert _fixed_width(5, 0.1) == 4  # a pair's CLS and separators (RoBERTa: <s> </s></s> </s>)
-    assert _fixed_width(3, 0.1) == 3
-    assert _fixed_width(1, 0.5) == 1
+    assert fixed_width(64, 0.25) == 16
+    assert fixed_width(10, 0.7) == 7  # ⌊0.7·10⌋ with float error guarded
+    assert fixed_width(5, 0.1) == 4  # a pair's CLS and separators (RoBERTa: <s> </s></s> </s>)
+    assert fixed_width(3, 0.1) == 3
+    assert fixed_width(1, 0.5) == 1
 
 
 def _stock_mask_shortcut_only(monkeypatch):

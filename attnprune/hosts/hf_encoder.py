@@ -1,12 +1,12 @@
 """Token pruning inside stock Hugging Face encoders: BERT (and MiniLM), RoBERTa, DistilBERT,
 XLM-R, CamemBERT, ELECTRA, ALBERT, MPNet, DeBERTa-v2/v3, ModernBERT (what differs between
-them: ``hf_attention.FAMILIES`` and the anatomies of ``hf_encoder_families``; the table of
-what is tested: ``docs/families.md``).
+them: the family table and the anatomies of ``hf_encoder_families``; the table of what is
+tested: ``docs/families.md``).
 
 The host wraps only the encoder loop (``BertEncoder.forward`` / ``Transformer.forward``): the
 stock layers, embeddings, pooler and heads run unchanged. After the layers named by the
-schedule, a registered token method scores the tokens and the host removes the dropped ones
-from the tensor (gather) before the next layer:
+schedule (:func:`attnprune.selection.parse_schedule`), a registered token method scores the
+tokens and the host removes the dropped ones from the tensor (gather) before the next layer:
 
     X⁽⁰⁾ = embeddings                                           (B, L, d)
     X⁽ˡ⁾ = layer_l(X⁽ˡ⁻¹⁾, mask⁽ˡ⁻¹⁾)                            (B, K_l, d)
@@ -14,113 +14,62 @@ from the tensor (gather) before the next layer:
     X⁽ˡ⁾ ← gather(X⁽ˡ⁾, keep)                                   (B, K_{l+1}, d)
 
 Notation: B batch, L length, d width, H heads, r_l the cumulative keep ratio after layer l
-(share of the original real tokens, :func:`parse_schedule`), ρ keep ratio, A⁽ˡ⁾ the attention
-probabilities of layer l, m̃ a relaxed (soft) keep mask.
+(share of the original real tokens), ρ keep ratio, A⁽ˡ⁾ the attention probabilities of layer
+l, m̃ a relaxed (soft) keep mask.
+
+The host by job: this module patches the model (state, hooks, the encoder's forward, per-call
+data); :mod:`~attnprune.hosts.hf_encoder_loop` runs the layers, the selections, gathers,
+merging and the row-group recursion; :mod:`~attnprune.hosts.hf_encoder_paths` picks the path
+by device or tracing and keeps the statistics; the scorer's attention math is
+:func:`attnprune.attention.scorer_attention`. What the choices below cost and saved, measured:
+``docs/encoder.md`` ("Where the encoder host's time goes").
 
 Choices, and why:
-* Variable kept counts per example are padded to the batch maximum with a mask
-  (``selection.gather_tokens``) rather than packed: the stock HF layers and SDPA take a padded
-  (B, K, d) batch and a key mask; packing would need varlen kernels that CPU SDPA lacks. The
-  cost is K_max − K_b padded slots per row, reported in ``stats["padded_per_layer"]``.
-* Row bucketing (inference, ``bucket_rows=True``): variable-budget methods (LTP, entropy
-  thresholds) leave rows with very different K_b, and padding every row to K_max wastes
-  K_max − K_b slots per row in every later layer. After a gather the b rows are split into
-  groups of similar K_b (:func:`attnprune.selection.row_groups`: dynamic programming over the
-  sorted counts, minimising padded slots plus c = :func:`group_overhead_tokens` slots per group
-  and layer, 24 per torch thread); each group, cut to its own longest row, runs the remaining layers (a later pruning
-  layer may split it again: :func:`_layers` and :func:`_grouped` recurse), and the groups'
-  outputs go back to their rows. Padding never attends nor is attended, so the outputs equal
-  the one-batch forward up to float rounding. Equal counts (top-k on equal-length rows) give
-  one group: the same path as without bucketing. Training keeps one padded batch (soft masks
-  and batch losses see the whole batch).
-* CLS (position 0) is always kept (``protect_first``); the gather keeps ascending order, so it
-  stays at position 0 and every stock head (pooler, ``hidden[:, 0]``) reads it unchanged.
-  Every separator ([SEP], ``</s>``) is kept like CLS (``protect_special``: the last real token,
-  the end of each ``token_type_ids`` segment, and the ids in ``protect_token_ids``): a sentence
-  pair keeps the boundary between its texts. Segment ids need no carrying through the gather:
-  BERT adds their embedding before the first layer, so a kept token's state already holds it.
-* The output is scattered back to (B, L, d) (``output="scatter"``; dropped tokens carry their
-  last computed state) so the model's output shape is the stock one; ``output="short"`` returns
-  the gathered (B, K, d) batch and skips that copy (with row groups: the same shape, K the
-  longest final row; slots past a group's own width, padding either way, are zeros). The
-  default ``output="auto"`` is "short" for BERT / RoBERTa / DistilBERT
-  ``*ForSequenceClassification`` (their heads read only position 0, where CLS stays, and
-  return no per-token states: same logits, bit for bit) and "scatter" for any other model.
-  Either way the kept mask (B, L) of the call (``state.kept_mask`` per thread, and
-  ``output.kept_mask``) marks the positions the last layer computed, built from the kept
-  indices by one scatter: a client that pools the scattered states must average those only
-  (sentence-transformers: :mod:`attnprune.deploy.sentence_transformers`).
-* Attention probabilities for methods that need them are computed only at pruning layers, from
-  the query/key projections the layer already computed (captured by forward hooks on the
-  ``query``/``key`` linears, so nothing is recomputed), and only for the rows the method reads:
-  the CLS row (B, H, 1, L) for methods with ``attention_rows == "first"``, the per-head
-  attention received averaged over real queries (B, H, 1, L) for ``"received"`` (computed in
-  batch chunks, never the whole (B, H, L, L) at once), all rows otherwise.
-  The model keeps its own attention implementation (SDPA) for every layer.
-* Training: a method that returns ``Selection.soft`` (LTP, Gumbel gates) does not gather; its
-  mask enters the following layers as an additive log-mask bias on the keys,
-  log m̃_j (``soft_mode="bias"``, default: at m̃_j = 0 this equals removing key j, so the
-  relaxation matches the hard path), or multiplies the hidden states (``soft_mode="multiply"``).
-  Masks of successive layers multiply. Methods without a soft mask gather in training too.
-  In eval, every method is hard and gathers.
-* One row without padding (batch-1 serving; the model gave no attention mask) stays without
-  padding after every gather, so the loop takes a short path: counts from the width, the kept
-  positions by one ``index_select``, and no attention mask for later layers (the stock
-  no-padding SDPA call) instead of ``create_bidirectional_mask`` at each pruning layer.
-* Traced (``torch.export`` / ``torch.onnx.export`` / ``torch.compile``, :func:`_tracing`):
-  each gather is as wide as the batch's largest kept count, read as a data-dependent size
-  (:func:`_traced_width`, an unbacked SymInt), so an exported graph keeps exactly the tokens
-  the eager forward keeps, protected ones included, for top-k and threshold methods alike.
-  Statistics and row bucketing, which read counts back into Python, are skipped.
+* Kept counts that differ per row are padded to the batch maximum with a mask
+  (``selection.gather_tokens``), not packed: the stock layers and SDPA take a padded batch and
+  a key mask; packing needs varlen kernels that CPU SDPA lacks.
+* Row bucketing (inference, CPU path, ``bucket_rows=True``): after a gather, rows of similar
+  kept counts run the later layers as groups, each cut to its own longest row
+  (:func:`attnprune.selection.row_groups`, c = :func:`group_overhead_tokens` slots per group
+  and layer). Padding never attends nor is attended: the same outputs up to rounding. Training
+  keeps one padded batch (soft masks and batch losses see the whole batch).
+* CLS (position 0) and every separator are always kept (``protect_first``,
+  ``protect_special``, ``protect_token_ids``); the gather keeps ascending order, so every stock
+  head reads CLS at position 0 and a sentence pair keeps the boundary between its texts.
+* The output is scattered back to (B, L, d) (``output="scatter"``) so the shape is the stock
+  one; ``output="short"`` (the default for the CLS-reading ``*ForSequenceClassification``
+  heads) skips that copy. Either way the call's kept mask (``state.kept_mask`` per thread,
+  ``output.kept_mask``) marks the positions the last layer computed.
+* The scorer's attention is computed only at pruning layers, from the q/k projections the
+  layer already computed (forward hooks on the query/key linears), and only for the rows the
+  method reads (``attention_rows``); the model keeps its own attention implementation.
+* Training: a method's soft mask enters the later layers as an additive log-mask bias on the
+  keys (``soft_mode="bias"``: at m̃_j = 0 the same as removing key j) or multiplies the states
+  (``"multiply"``); in eval every method is hard and gathers.
+* One row without padding (batch-1 serving) takes a short path: no masks, one
+  ``index_select`` per gather.
+* Traced (``torch.export`` / ONNX / ``torch.compile``): every gather is as wide as the batch's
+  largest kept count, a data-dependent size, so an exported graph keeps exactly the eager
+  forward's tokens; statistics and row bucketing, which read counts back, are skipped.
 * ``position_ids`` given to the model are not passed to layers after a gather (HF_NOTES.md:
-  non-consecutive ids look like packed sequences); absolute positions were added at the
-  embeddings already.
-
-Measured defaults (``scripts/bench_defaults.py``: MiniLM-L6, tweets of median 33 / p90 48
-tokens, max_length 64, 2 threads, attention_mass ρ = 0.5 after layer 2, pruned vs full
-interleaved in one process; wall / FLOPs ratios):
-    batch 32, file order:   before FLOPs 0.530 wall 0.679   after FLOPs 0.549 wall 0.611
-    batch 32, length-sorted: before FLOPs 0.636 wall 0.752   after FLOPs 0.653 wall 0.720
-    batch 1:                 before FLOPs 0.660 wall 0.94–0.95  after FLOPs 0.660 wall 0.97–1.00
-                             (patch's own work 1.1–1.4 ms → 0.83–0.88 ms per forward; the
-                             full forward is 11–14 ms: the batch-1 ratios are within noise)
-Where the wall time went (batch 32, file order, before): the 4 layers after the gather ran as
-5.3 row groups on average (c = 12 slots, fitted at 1 thread); at 2 threads a layer call costs
-≈ 0.85–1.2 ms fixed + 21.6 µs per slot, so each group cost ≈ 40–56 slots, not 12 — the
-bucketing cost more than the padding it saved (0.72 wall vs 0.68 with no bucketing). The
-patch's own work was ≈ 11 ms of ≈ 190 ms per batch: exact scorer 4.6 ms, top-k 0.6 ms,
-gather / two (B, L, d) scatters / per-group masks 5.7 ms. Fixes: c per thread; no scatter
-for CLS-reading classifiers; gather and scatter as one flat index_select / index_copy_ (2–3×
-and 1.5× faster at B = 32). Kept: the exact "received" scorer (``scorer_queries=0``): the
-sampled one keeps other tokens (overlap of kept tokens with the exact scorer on 512 tweets:
-0.74 at S = 8, 0.81 at 16, 0.87 at 24; far below 0.95), and the exact scorer is only
-≈ 2.5 % of the pruned forward at batch 32 (not timed against the sampled one).
-At batch 1 the layers' matmuls are bound by reading the weights (a MiniLM layer on 24 tokens
-takes 1.5 ms against 1.9 ms on 48), so halving the tokens after layer 2 saves ≈ 1.6 ms of
-≈ 12 ms at best; the patch's own work is ≈ 1 ms of that (scorer ≈ 0.3 ms, top-k and gather
-≈ 0.15 ms each, the rest per-op dispatch), so batch-1 wall time stays near the full model's.
+  non-consecutive ids look like packed sequences).
 
 Written by hand: no library prunes tokens inside the stock HF encoder loop, nor buckets the rows
 of a batch whose lengths change between its layers.
 """
-
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
 import threading
-import time
-import warnings
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
 from torch import Tensor, nn
 
-from attnprune.attention import SCORER_KERNELS, attention_received, scorer_attention
-from attnprune.compat import ModelOutput, size_hint
+from attnprune.attention import SCORER_KERNELS
+from attnprune.compat import ModelOutput
 from attnprune.hosts import (
     CallData,
     Calls,
@@ -136,17 +85,18 @@ from attnprune.hosts import (
     replace_forward,
     restore_forward,
 )
-from attnprune.methods import registry
-from attnprune.methods.base import protect_first, protect_special
-from attnprune.selection import (
-    check_keep_ratio,
-    gather_tokens,
-    group_overhead_slots,
-    key_metric,
-    merge_tokens,
-    row_groups,
-    scatter_tokens,
+from attnprune.hosts.hf_encoder_loop import Pass, Tokens, bidirectional_mask, run_layers
+from attnprune.hosts.hf_encoder_paths import (
+    LazyStats,
+    exporting,
+    forward_stats,
+    sync_free,
+    tracing,
+    warn_cut,
 )
+from attnprune.methods import registry
+from attnprune.methods.base import protect_special
+from attnprune.selection import group_overhead_slots, parse_schedule
 
 __all__ = [
     "GROUP_OVERHEAD_PER_THREAD",
@@ -180,83 +130,6 @@ def group_overhead_tokens(d_model: int = 384) -> float:
     if GROUP_OVERHEAD_TOKENS is not None:
         return GROUP_OVERHEAD_TOKENS
     return group_overhead_slots(d_model, block="encoder")
-
-
-# ----------------------------------------------------------------------------- schedules
-def parse_schedule(
-    keep_ratio: float | Sequence[float] | None,
-    n_layers: int,
-    after_layer: int = 1,
-    schedule: str | float | Sequence[float] | None = None,
-) -> tuple[float, ...]:
-    """The cumulative keep ratio r_l after each of the ``n_layers`` layers (ToMe's ``parse_r``).
-
-    r_l is the share of the original real tokens still present after layer l (1-based);
-    r is non-increasing, and the last layer never prunes (nothing reads its dropped tokens).
-    Accepted forms:
-
-    * ``schedule`` None / ``"single"`` and a number ρ: prune once after layer ``after_layer``:
-      r = (1, …, 1, ρ, ρ, …).
-    * ``schedule="geometric"``: prune by ρ after every layer from ``after_layer`` on:
-      r = (1, …, 1, ρ, ρ², ρ³, …).
-    * ``schedule="linear"``: the same number of tokens after every layer from ``after_layer``
-      to the last but one, down to ρ (ToMe's constant r per layer): r falls by
-      (1 − ρ) / (n_layers − after_layer) a layer.
-    * ``schedule`` or ``keep_ratio`` a list of per-layer cumulative ratios, length
-      ``n_layers − 1`` or ``n_layers`` (the last value is then ignored).
-
-    Bad values raise ValueError naming the field.
-    """
-    if n_layers < 2:
-        raise ValueError(f"n_layers must be ≥ 2 to prune between layers, got {n_layers}")
-    explicit = None
-    if isinstance(schedule, (list, tuple)):
-        explicit = schedule
-    elif isinstance(keep_ratio, (list, tuple)):
-        explicit, schedule = keep_ratio, None
-    elif isinstance(schedule, str) and schedule.strip().startswith("["):
-        import yaml
-
-        explicit = yaml.safe_load(schedule)
-    if explicit is not None:
-        vals = [check_keep_ratio(v, f"schedule[{i}]") for i, v in enumerate(explicit)]
-        if len(vals) not in (n_layers - 1, n_layers):
-            raise ValueError(f"schedule: give {n_layers - 1} or {n_layers} values (one per "
-                             f"layer), got {len(vals)}")
-        vals = vals[: n_layers - 1]
-        for i in range(1, len(vals)):
-            if vals[i] > vals[i - 1] + 1e-12:
-                raise ValueError(f"schedule: cumulative keep ratios must not increase, got "
-                                 f"{vals[i - 1]} then {vals[i]} at layer {i + 1}")
-        return (*vals, vals[-1])
-    if schedule is None or isinstance(schedule, (int, float)):
-        rule = "single"
-        if isinstance(schedule, (int, float)):
-            keep_ratio = schedule
-    else:
-        rule = str(schedule).strip().lower()
-    if rule not in ("single", "geometric", "linear"):
-        raise ValueError(f"schedule: must be 'single', 'geometric', 'linear' or a list of "
-                         f"per-layer keep ratios, got {schedule!r}")
-    rho = check_keep_ratio(1.0 if keep_ratio is None else keep_ratio)
-    if isinstance(after_layer, bool) or not isinstance(after_layer, int):
-        raise ValueError(f"after_layer must be an integer, got {after_layer!r}")  # noqa: TRY004 (patch() contract: ValueError)
-    if not 1 <= after_layer <= n_layers - 1:
-        raise ValueError(f"after_layer must be in [1, {n_layers - 1}] for a {n_layers}-layer "
-                         f"model, got {after_layer}")
-    out = []
-    for layer in range(1, n_layers + 1):
-        steps = layer - after_layer + 1
-        if steps <= 0:
-            out.append(1.0)
-        elif rule == "single":
-            out.append(rho)
-        elif rule == "linear":
-            steps = min(steps, n_layers - after_layer)
-            out.append(1.0 - (1.0 - rho) * steps / (n_layers - after_layer))
-        else:
-            out.append(rho ** min(steps, n_layers - after_layer))
-    return tuple(out)
 
 
 # Set by :func:`stock_calls`: forwards in this context (thread, task) run the stock encoder.
@@ -473,8 +346,8 @@ class HFEncoderState(PatchState):
         """The layers' mask for the uncut batch from a (B, L) padding mask, for a family's
         ``forward``: the stock helper, without its "no padding, no mask" shortcut on the
         sync-free path (the shortcut reads the mask back: ``mask.all()``)."""
-        return _bidirectional(self, hidden, attention_mask,
-                              skip=not sync_free(hidden.device, self.sync_free))
+        return bidirectional_mask(self, hidden, attention_mask,
+                                  skip=not sync_free(hidden.device, self.sync_free))
 
     def protect_tensor(self, device) -> Tensor | None:
         """``protect_ids`` as a long tensor on ``device``, made once: building it in every
@@ -500,136 +373,7 @@ class HFEncoderState(PatchState):
         restore_forward(self.encoder)
         remove_method_module(model, self.modules)
 
-    # -- attention probabilities for the scorer -------------------------------------------
-    def _attention(self, run: _Pass, layer: int, keymask_add: Tensor, mask: Tensor) -> Tensor:
-        """Attention probabilities of layer ``layer`` from the captured q, k projections, in
-        the form the method declares (``run.rows``; :func:`attnprune.attention.scorer_attention`),
-        with the family's own score terms (``Anatomy.scores``). ``keymask_add`` (B, L) is the
-        additive key bias (padding, soft masks)."""
-        t0 = _clock(run)
-        q, k = run.call.captured.pop("q"), run.call.captured.pop("k")  # (B, L, H·dh)
-        extra = None  # the family's own score terms (B|1, 1|H, L, L): relative bias, window, …
-        if self.anatomy.scores is not None:
-            q, k, extra = self.anatomy.scores(self, layer, q, k)
-        out = scorer_attention(q, k, keymask_add, mask, self.n_heads, run.rows, extra=extra,
-                               queries=self.scorer_queries,
-                               kernel=getattr(self, "scorer_kernel", "matmul"),
-                               training=run.training, static=run.static, sync_free=run.sync_free)
-        run.call.scorer_time_s += _clock(run) - t0
-        return out
 
-
-# ----------------------------------------------------------------------------- the path by device
-def sync_free(device: torch.device, override: bool | None = None) -> bool:
-    """Whether a forward on ``device`` takes the sync-free path: the one place the host chooses
-    its path by device (``patch(..., sync_free=True/False)`` overrides it).
-
-    * CPU (default: False): the host reads counts back freely (a CPU tensor read costs
-      nanoseconds) to cut each gather to the batch's longest kept row and to split rows of
-      different kept counts into groups (row bucketing, measured faster on 2 cores: see the
-      module docstring).
-    * Any other device (CUDA, MPS, …) (default: True): reading a number back waits for every
-      queued kernel, and each extra launch costs microseconds, as much as a small layer's work.
-      So the forward never reads the device: a fixed-ratio method's gather width is
-      W = min(K, max(⌊ρ·K⌋, 4)) from the batch's padded width K alone (every row keeps
-      ⌊ρ·n_b⌋ ≤ W tokens; shorter rows are padded, with a mask), one top-k and one batched
-      gather per pruning layer, no row groups, the per-layer counts kept as device tensors
-      until ``stats`` is read, and the scorer's attention in few large pieces. A threshold
-      method (``variable_budget``: LTP, entropy_threshold, DTR, hybrid) reads its largest kept
-      count back once per pruning layer (one sync each: its width is data, and a width fixed
-      in advance would either cut kept tokens or keep all of them).
-    * Traced (``torch.compile``): the same path, without statistics or timers (nothing may
-      leave the graph); ``torch.export`` / ONNX keep data-dependent widths
-      (:func:`_traced_width`), so an exported graph keeps exactly the eager forward's tokens.
-
-    W ≥ 4 holds a sentence pair's CLS and separators ([CLS] a [SEP] b [SEP]; RoBERTa's
-    <s> a </s></s> b </s>), so both paths keep the same tokens on single texts and pairs. Only
-    a row with more protected tokens than W (separators written inside a text, three or more
-    segments, and ⌊ρ·K⌋ below their count) keeps its first W of them on this path, where the
-    CPU path keeps them all: counting them would read the device.
-    """
-    if _tracing():
-        return True
-    if override is not None:
-        return override
-    return device.type != "cpu"
-
-
-# The most protected tokens (CLS and separators) of a standard input: a RoBERTa pair's
-# <s> a </s></s> b </s> (a BERT pair has 3, a single text 2). The sync-free gather is never
-# narrower, so it keeps them all, as the CPU path does (:func:`sync_free`).
-PAIR_PROTECTED = 4
-
-
-def _fixed_width(width: int, rho: float, floor: int = 0) -> int:
-    """W = min(K, max(⌊ρ·K⌋, PAIR_PROTECTED, min_tokens − 1)): the gather width of a fixed-ratio method from
-    the padded width K alone (:func:`sync_free`). ⌊ρ·n_b⌋ ≤ ⌊ρ·K⌋ for every row (n_b ≤ K real
-    tokens); at least 4 so a pair's CLS and separators fit (kept by every selection, however
-    small ⌊ρ·n_b⌋: the CPU path keeps them all); a row under the short-input floor
-    (``floor`` = ``min_tokens``) keeps its n_b ≤ floor − 1 tokens; the 1e-9 is ``selection.budget``'s guard
-    against float error (0.7·10 = 6.999…)."""
-    return min(width, max(math.floor(width * rho + 1e-9), PAIR_PROTECTED, floor - 1))
-
-
-def _clock(run) -> float:
-    """perf_counter for the host's own timers; 0 when traced (a timer would break the graph)."""
-    return 0.0 if run.static else time.perf_counter()
-
-
-class LazyStats(Mapping):
-    """The last forward's statistics, whose counts stayed on the device (sync-free path):
-    converted to numbers the first time ``stats`` is read, so the forward itself never
-    waits for the device. A read-only mapping (``dict(stats)`` for a plain dict, e.g. to
-    write it as JSON: a dict subclass would let ``json.dumps`` see it empty)."""
-
-    def __init__(self, make) -> None:
-        self._make = make
-        self._data: dict | None = None
-
-    def _fill(self) -> dict:
-        if self._data is None:
-            self._data, self._make = self._make(), None
-        return self._data
-
-    def __getitem__(self, key):
-        return self._fill()[key]
-
-    def __iter__(self):
-        return iter(self._fill())
-
-    def __len__(self) -> int:
-        return len(self._fill())
-
-    def __repr__(self) -> str:
-        return f"LazyStats({self._fill()!r})"
-
-    def __reduce__(self):  # a copy or pickle of the stats holds the numbers
-        return (dict, (dict(self._fill()),))
-
-
-# ----------------------------------------------------------------------------- the loop
-@dataclass
-class _Pass:
-    """What one forward's layer loop reads at every level of row bucketing."""
-
-    call: _Call  # this forward's own data (captured q/k, labels, family tables, timers)
-    method: nn.Module
-    training: bool
-    rows: str  # the method's attention_rows
-    labels: Tensor | None
-    kwargs: dict  # passed to every layer (position_ids dropped after the first gather)
-    bucket: bool
-    static: bool  # traced (export / compile): no statistics, timers nor Python reads
-    sync_free: bool  # never read the device (:func:`sync_free`); implied by static
-    exporting: bool  # torch.export / ONNX / jit trace: data-dependent widths (_traced_width)
-    kept: list  # real tokens (soft mask sums in training) entering layer l, all groups
-    padded: list  # token slots layer l computes, summed over groups
-    length: int  # L, the input's width (the kept mask is (B, L))
-    merge: bool = False  # reduce="merge": unkept tokens are averaged into kept ones
-    floor: int = 0  # rows with fewer real tokens than this are never reduced (min_tokens)
-    # tokens every selection must keep (protected) that a fixed sync-free width left out,
-    # per pruning layer, as device counts (read with the stats, never during the forward)
-    cut: list = field(default_factory=list)
 
 
 def _encoder_forward(state: HFEncoderState, original, *args, **kwargs):
@@ -673,20 +417,20 @@ def _run(state: HFEncoderState, call: _Call, original, hidden_states, attention_
     training = state.encoder.training
     B, L, _ = hidden_states.shape
     mask = _key_mask(attention_mask, B, L, hidden_states.device)  # (B, L) real tokens
-    static = _tracing()
+    static = tracing()
     free = sync_free(hidden_states.device, state.sync_free)
     n = len(state.layers)
     method = state.modules
     # Row bucketing at inference on the CPU path only: training keeps one padded batch (soft
     # masks, and losses over the batch); the sync-free path never reads counts back.
     merge = getattr(state, "reduce", "drop") == "merge"
-    run = _Pass(call=call, method=method, training=training,
-                rows=getattr(method, "attention_rows", "all"),
-                labels=call.labels if training else None, kwargs=kwargs,
-                bucket=state.bucket_rows and not training and not free, static=static,
-                sync_free=free, exporting=_exporting(),
-                kept=[0.0] * n, padded=[0] * n, length=L, merge=merge,
-                floor=getattr(state, "min_tokens", 0))
+    run = Pass(call=call, method=method, training=training,
+               rows=getattr(method, "attention_rows", "all"),
+               labels=call.labels if training else None, kwargs=kwargs,
+               bucket=state.bucket_rows and not training and not free, static=static,
+               sync_free=free, exporting=exporting(),
+               kept=[0.0] * n, padded=[0] * n, length=L, merge=merge,
+               floor=getattr(state, "min_tokens", 0), overhead=group_overhead_tokens)
     index = torch.arange(L, device=mask.device).expand(B, L)  # original positions
     full = hidden_states if state.output == "scatter" else None
     ids, token_types = call.inputs or (None, None)
@@ -694,14 +438,14 @@ def _run(state: HFEncoderState, call: _Call, original, hidden_states, attention_
     protect = protect_special(mask, ids, token_types, () if special is None else special)
     # merging: every original position's current slot (−1 at padding), read at the end to
     # give each position its representative's state (the source map)
-    tokens = _Tokens(
+    tokens = Tokens(
         size=None,
         src=torch.where(mask, index, torch.full((), -1, dtype=index.dtype, device=mask.device))
         if merge else None,
         whole=(mask.sum(1) < run.floor) if run.floor > 0 else None)
-    hidden_states, _, kept_mask, merged = _layers(state, run, 0, hidden_states, mask,
-                                                  attention_mask, index, full,
-                                                  protect=protect, tokens=tokens)
+    hidden_states, _, kept_mask, merged = run_layers(state, run, 0, hidden_states, mask,
+                                                     attention_mask, index, full,
+                                                     protect=protect, tokens=tokens)
     call.kept_mask = kept_mask  # read by the caller (HFEncoderState.kept_mask, output.kept_mask)
     call.sizes, call.source = merged if merged is not None else (None, None)
     if static:  # the counts are data: a traced graph has no place for them
@@ -713,420 +457,11 @@ def _run(state: HFEncoderState, call: _Call, original, hidden_states, attention_
     }
     if free:  # counts stay on the device until read (host timers: launches only, on a GPU)
         kept, padded, real, cut = run.kept, run.padded, mask.sum(), run.cut
-        call.stats = LazyStats(lambda: _warn_cut(state, _stats(kept, padded, real, n, times,
-                                                                cut)))
+        call.stats = LazyStats(lambda: warn_cut(state, forward_stats(kept, padded, real, n,
+                                                                     times, cut)))
     else:
-        call.stats = _stats(run.kept, run.padded, mask.sum(), n, times)
+        call.stats = forward_stats(run.kept, run.padded, mask.sum(), n, times)
     return state.output_cls(last_hidden_state=hidden_states)
-
-
-def _rank_loss(call: _Call, attn: Tensor, mask: Tensor) -> None:
-    """An auxiliary loss on the scorer's token distribution at the first cut, once per call:
-    ``call.rank`` is a callable ``(student (B, L), mask) -> loss`` handed in by the training
-    layer (ranking distillation, :mod:`attnprune.train.rank_distill`); the scorer's attention
-    is (B, H, 1, L) rows or (B, H, L, L)."""
-    loss_fn = call.rank
-    call.rank = None
-    student = attn[:, :, 0, :].mean(1) if attn.shape[-2] == 1 else attention_received(attn, mask)
-    call.aux_losses.append(loss_fn(student, mask))
-
-
-def _stats(kept: list, padded: list, real, n: int, times: dict | None,
-           cut: list | None = None) -> dict:
-    """The ``stats`` dict from per-layer counts (numbers or device tensors)."""
-    kept = [float(k) for k in kept]
-    real = int(real)
-    out = {"real_tokens": real, "kept_per_layer": kept, "padded_per_layer": [int(p) for p in padded],
-           "kept_ratio": sum(kept) / max(n * real, 1)}
-    if cut is not None:  # the sync-free path: protected tokens its fixed width left out
-        out["protected_cut"] = int(sum(int(c) for c in cut))
-    out.update(times or {})
-    return out
-
-
-def _warn_cut(state: HFEncoderState, stats: dict) -> dict:
-    """Once per patch, when the stats of a sync-free forward are read: a row had more
-    protected tokens (CLS, separators, ``protect_token_ids``) than the fixed gather width
-    ⌊ρ·K⌋ (at least ``PAIR_PROTECTED``) holds, so that path dropped some the CPU path keeps.
-    Knowing it during the forward would mean reading the device, which that path never does."""
-    if stats.get("protected_cut", 0) > 0 and not getattr(state, "_warned_cut", False):
-        state._warned_cut = True
-        warnings.warn(
-            f"sync-free path: {stats['protected_cut']} protected token(s) (CLS, separators, "
-            f"protect_token_ids) did not fit the fixed gather width max(floor(keep_ratio*K), "
-            f"{PAIR_PROTECTED}) and were dropped, where the CPU path keeps them; raise "
-            f"keep_ratio, protect fewer ids, or patch with sync_free=False", stacklevel=2)
-    return stats
-
-
-@dataclass
-class _Tokens:
-    """What rows carry through the loop besides their states, for merging and the short-input
-    floor (each None when unused): ``size`` (b, K) float32, how many original tokens each slot
-    stands for (None: all 1); ``src`` (b, L) long, each original position's current slot (−1
-    at padding); ``whole`` (b,) bool, rows never reduced (fewer real tokens than
-    ``min_tokens``)."""
-
-    size: Tensor | None = None
-    src: Tensor | None = None
-    whole: Tensor | None = None
-
-    def rows(self, rows: Tensor, k: int) -> _Tokens:
-        """The same for the rows ``rows`` cut to their first ``k`` slots (a row group)."""
-        return _Tokens(None if self.size is None else self.size[rows, :k],
-                       None if self.src is None else self.src[rows],
-                       None if self.whole is None else self.whole[rows])
-
-
-def _layers(state: HFEncoderState, run: _Pass, start: int, hidden: Tensor, mask: Tensor,
-            mask4d, index: Tensor, full: Tensor | None, gathered: bool = False,
-            protect: Tensor | None = None, tokens: _Tokens | None = None
-            ) -> tuple[Tensor, Tensor | None, Tensor, tuple | None]:
-    """Layers ``start``, ``start + 1``, … on b rows, in the host's output format.
-
-    ``hidden`` (b, K, d) the tokens still present in ascending original order, ``mask``
-    (b, K) their real slots, ``mask4d`` the layers' attention mask for them, ``index`` (b, K)
-    their original positions, ``full`` (b, L, d) every token's state so far (dropped tokens'
-    last states; None for ``output="short"``), ``gathered`` whether a gather already happened,
-    ``protect`` (b, K) the tokens every selection keeps (CLS and separators; None: CLS only).
-    ``tokens``: sizes, source map and unreduced rows (:class:`_Tokens`).
-    Returns ((b, L, d) final states, None, kept, merged) for ``output="scatter"``, or the
-    compact ((b, K', d), (b, K') mask, kept, merged) for ``output="short"``; kept (b, L) bool
-    marks the original positions the last layer computed (:func:`_kept_positions`); merged is
-    None, or when merging ((b, L) sizes at the kept positions, (b, L) source map:
-    :func:`_merged_outputs`), and with ``output="scatter"`` every real position then holds
-    its representative's final state. After a gather at inference on the CPU path the rows
-    may be split into groups (:func:`_grouped`), each running the rest of this loop.
-    """
-    method = run.method
-    call = run.call
-    n = len(state.layers)
-    tokens = tokens or _Tokens()
-    soft_total: Tensor | None = None  # (b, K) product of the soft masks so far (training)
-    # One row without padding (batch-1 serving, CPU path) stays without padding after any
-    # gather: every slot is real, so the counts are the width, the gather is one index_select
-    # of the kept positions, and the layers keep mask None (the stock no-padding SDPA call)
-    # instead of a mask rebuilt by create_bidirectional_mask at every pruning layer.
-    single = (not (run.sync_free or run.training or run.merge) and mask4d is None
-              and hidden.shape[0] == 1)
-    if protect is None:
-        protect = protect_first(mask)
-    for i in range(start, n):
-        layer = state.layers[i]
-        prune = i < n - 1 and state.schedule[i] < (state.schedule[i - 1] if i else 1.0) - 1e-12
-        need_attn = prune and method.needs_attention
-        need_keys = prune and (run.merge or getattr(method, "needs_keys", False))
-        if single:
-            run.kept[i] += hidden.shape[1]
-            run.padded[i] += hidden.shape[1]
-        elif not run.static:  # numbers on the CPU path, device tensors on the sync-free one
-            count = soft_total.detach().sum() if soft_total is not None else mask.sum()
-            run.kept[i] += count if run.sync_free else float(count)
-            run.padded[i] += mask.numel()
-        call.want = state.qk[i][0] if need_attn or need_keys else None  # hooks keep its q, k
-        hidden = (layer(hidden, mask4d, **run.kwargs) if state.anatomy.call is None
-                  else state.anatomy.call(state, i, hidden, mask4d, index))  # positions: index
-        if not prune:
-            continue
-        rho = state.schedule[i] / (state.schedule[i - 1] if i else 1.0)
-        attn = None
-        t0 = _clock(run)
-        keys = _keys(state, i, call.captured.get("k")) if need_keys else None
-        if need_attn:
-            add = _additive(mask, _weights(soft_total, tokens.size), hidden.dtype)
-            attn = state._attention(run, i, add, mask)
-            if run.training and call.rank is not None and not gathered:
-                _rank_loss(call, attn, mask)
-        call.captured.clear()
-        extra = {"keys": keys} if getattr(method, "needs_keys", False) else {}
-        sel = method(hidden, mask, attn=attn, keep_ratio=rho, layer=i,
-                     labels=run.labels, protect=protect, **extra)
-        t1 = _clock(run)
-        call.select_time_s += t1 - t0
-        if sel.aux_loss is not None:
-            call.aux_losses.append(sel.aux_loss)
-        if run.training and sel.soft is not None:
-            soft = sel.soft * mask.to(sel.soft.dtype)
-            soft = torch.where(protect, torch.ones_like(soft), soft)
-            soft_total = soft if soft_total is None else soft_total * soft
-            if state.soft_mode == "multiply":
-                hidden = hidden * soft[..., None]
-            else:  # log-mask bias on the keys of every later layer
-                mask4d = call.soft_bias = _additive(mask, soft_total, hidden.dtype)[:, None, None, :]
-            continue
-        keep = (sel.keep | protect) & mask  # the host's guarantee, whatever the method did
-        if tokens.whole is not None:  # short inputs stay whole
-            keep = keep | (tokens.whole[:, None] & mask)
-        dest = None
-        if run.merge:
-            metric = key_metric(hidden.detach() if keys is None else keys.detach(),
-                                None if keys is None else state.n_heads)
-            hidden, size, dest = merge_tokens(hidden, mask, keep, metric, tokens.size,
-                                              protect, sel.merge_into)
-        elif full is not None:  # merging reads final states through the source map instead
-            full = scatter_tokens(full, hidden, index, mask)
-        if single:
-            pos = keep[0].nonzero().squeeze(1)  # (K',) kept positions, ascending
-            if pos.numel() > 0:
-                hidden, index = hidden.index_select(1, pos), index.index_select(1, pos)
-                protect = protect.index_select(1, pos)  # follows its tokens
-                mask = mask.new_ones(1, pos.numel())
-                gathered = True
-                run.kwargs.pop("position_ids", None)
-                call.gather_time_s += time.perf_counter() - t1
-                continue
-        width = _width(run, keep, rho)
-        if width is not None and run.sync_free and not run.static:
-            run.cut.append((keep.sum(1) - width).clamp_min(0).sum())  # no read: a device count
-        g, index = (gather_tokens(hidden, keep, index) if width is None
-                    else gather_tokens(hidden, keep, index, size=width))
-        hidden, mask = g.hidden, g.mask
-        protect = torch.gather(protect, 1, g.index) & mask  # follows its tokens
-        if run.merge:
-            tokens = _Tokens(torch.gather(size, 1, g.index) * mask,
-                             _follow(tokens.src, dest, g.index, mask), tokens.whole)
-        gathered = True
-        run.kwargs.pop("position_ids", None)
-        if soft_total is not None:
-            soft_total = torch.gather(soft_total, 1, g.index)
-            mask4d = call.soft_bias = _additive(mask, _weights(soft_total, tokens.size),
-                                                hidden.dtype)[:, None, None, :]
-        else:
-            if run.bucket and hidden.shape[0] > 1:
-                groups = row_groups(mask.sum(1), group_overhead_tokens(hidden.shape[-1]))
-                if len(groups) > 1:
-                    call.gather_time_s += time.perf_counter() - t1
-                    return _grouped(state, run, i + 1, groups, hidden, mask, index, full,
-                                    protect, tokens)
-            mask4d = _layer_mask(state, run, hidden, mask, tokens)
-        call.gather_time_s += _clock(run) - t1
-    kept = _kept_positions(index, mask, run.length)
-    merged = _merged_outputs(index, mask, tokens, run.length) if run.merge else None
-    if full is None:
-        return hidden, mask, kept, merged
-    if gathered:  # even with K = L, rows may have shifted
-        t0 = _clock(run)
-        if run.merge:  # every real position reads its representative's state
-            src = tokens.src
-            rep = torch.gather(hidden, 1, src.clamp_min(0)[..., None].expand(*src.shape,
-                                                                            hidden.shape[-1]))
-            full = torch.where((src >= 0)[..., None], rep.to(full.dtype), full)
-        else:
-            full = scatter_tokens(full, hidden, index, mask)
-        call.gather_time_s += _clock(run) - t0
-        return full, None, kept, merged
-    return hidden, None, kept, merged
-
-
-def _keys(state: HFEncoderState, i: int, k: Tensor | None) -> Tensor | None:
-    """Layer ``i``'s key projection (b, K, H·dh) from what the hooks captured: the key
-    linear's output, or the middle third of a fused q/k/v projection (ModernBERT's Wqkv)."""
-    if k is None:
-        return None
-    q_lin, k_lin = state.qk[i]
-    if q_lin is k_lin:
-        return k.chunk(3, dim=-1)[1]
-    return k
-
-
-def _weights(soft: Tensor | None, size: Tensor | None) -> Tensor | None:
-    """The keys' multiplicative weights in attention: soft masks (training) times sizes
-    (merged tokens, proportional attention); None when both are."""
-    if size is None:
-        return soft
-    return size if soft is None else soft * size
-
-
-def _layer_mask(state: HFEncoderState, run: _Pass, hidden: Tensor, mask: Tensor,
-                tokens: _Tokens):
-    """The layers' mask after a gather: the stock helper's, or when merging the additive
-    bias log(size) on real keys (proportional attention: a token of size s weighs as s
-    copies of itself), which is also the call's ``soft_bias`` (DeBERTa reads it)."""
-    if not run.merge:
-        return _bidirectional(state, hidden, mask, skip=not run.sync_free)
-    bias = _additive(mask, tokens.size, hidden.dtype)[:, None, None, :]
-    run.call.soft_bias = bias
-    return bias
-
-
-def _follow(src: Tensor, dest: Tensor, index: Tensor, mask: Tensor) -> Tensor:
-    """The source map after a merge and gather: ``src`` (b, L) each original position's slot
-    before, ``dest`` (b, K) each slot's destination slot, ``index`` (b, K') the old slot of
-    each new slot (``mask`` its real ones). Returns each original position's new slot (−1
-    stays −1)."""
-    b, K = dest.shape
-    new = torch.zeros(b, K + 1, dtype=torch.long, device=dest.device)
-    cols = torch.arange(index.shape[1], device=dest.device).expand_as(index)
-    new.scatter_(1, index.masked_fill(~mask, K), cols)  # padding slots write the spare column
-    new = torch.gather(new, 1, dest)  # (b, K): old slot → the new slot of its destination
-    out = torch.gather(new, 1, src.clamp_min(0))
-    return torch.where(src >= 0, out, src)
-
-
-def _merged_outputs(index: Tensor, mask: Tensor, tokens: _Tokens, length: int
-                    ) -> tuple[Tensor, Tensor]:
-    """((b, L) float sizes at the kept original positions (0 elsewhere), (b, L) long source
-    map: each original position's representative's original position, itself at padding)."""
-    b = index.shape[0]
-    size = mask.float() if tokens.size is None else tokens.size.float() * mask
-    sizes = torch.zeros(b, length + 1, dtype=torch.float32, device=index.device)
-    sizes.scatter_(1, index.masked_fill(~mask, length), size)
-    pos = torch.arange(length, device=index.device).expand(b, length)
-    src = tokens.src
-    rep = torch.gather(index, 1, src.clamp_min(0))
-    return sizes[:, :length], torch.where(src >= 0, rep, pos)
-
-
-def _kept_positions(index: Tensor, mask: Tensor, length: int) -> Tensor:
-    """(b, L) bool: the original positions of the real slots of ``index`` (b, K), i.e. the
-    tokens the last layer computed. One scatter, no read-back: padding slots (whose index
-    points at position 0) write into a spare column L, cut off after."""
-    b = index.shape[0]
-    out = torch.zeros(b, length + 1, dtype=torch.bool, device=index.device)
-    out.scatter_(1, index.masked_fill(~mask, length), True)
-    return out[:, :length]
-
-
-def _width(run: _Pass, keep: Tensor, rho: float) -> int | None:
-    """The gather's width K' (None: the batch's largest kept count, read back on the CPU
-    path). Sync-free (:func:`sync_free`): ⌊ρ·K⌋ from the shape for a fixed-ratio method; a
-    threshold method's largest count, read back once (eager) or as a data-dependent size
-    (traced); an export always the data-dependent size (exactly the eager tokens)."""
-    if run.exporting or (run.static and getattr(run.method, "variable_budget", False)):
-        return _traced_width(keep)
-    if not run.sync_free:
-        return None
-    if getattr(run.method, "variable_budget", False):
-        return max(int(keep.sum(1).max()), 1)  # the documented one sync of a threshold layer
-    return _fixed_width(keep.shape[1], rho, run.floor)
-
-
-def _grouped(state: HFEncoderState, run: _Pass, start: int, groups: list[Tensor],
-             hidden: Tensor, mask: Tensor, index: Tensor,
-             full: Tensor | None, protect: Tensor | None = None,
-             tokens: _Tokens | None = None
-             ) -> tuple[Tensor, Tensor | None, Tensor, tuple | None]:
-    """Layers ``start``, … on each group of rows, cut to the group's longest row (pad slots sit
-    at the end of a gathered row), then the groups' outputs back in the rows' places.
-
-    ``output="scatter"``: the (b, L, d) final states, row by row as one batch would give them.
-    ``output="short"``: (b, K', d) with K' the longest final row over all groups (as one batch
-    gives); slots past a group's own width are zeros (they are padding, mask False).
-    """
-    call = run.call
-    tokens = tokens or _Tokens()
-    t0 = time.perf_counter()
-    parts = []
-    for rows in groups:  # rows (g,) indices into the b rows
-        k = max(int(mask[rows].sum(1).max()), 1)
-        h, m = hidden[rows, :k], mask[rows, :k]  # (g, k, d), (g, k)
-        sub = tokens.rows(rows, k)
-        m4 = _layer_mask(state, run, h, m, sub)
-        sub_full = None if full is None else full[rows]  # (g, L, d)
-        call.gather_time_s += time.perf_counter() - t0
-        prot = None if protect is None else protect[rows, :k]
-        parts.append((rows, _layers(state, run, start, h, m, m4, index[rows, :k], sub_full,
-                                    gathered=True, protect=prot, tokens=sub)))
-        t0 = time.perf_counter()
-    kept = mask.new_zeros(hidden.shape[0], run.length)
-    for rows, (_, _, k, _) in parts:
-        kept[rows] = k
-    merged = None
-    if run.merge:
-        sizes = torch.zeros(hidden.shape[0], run.length, device=mask.device)
-        source = torch.zeros(hidden.shape[0], run.length, dtype=torch.long, device=mask.device)
-        for rows, (_, _, _, (sz, sc)) in parts:
-            sizes[rows], source[rows] = sz, sc
-        merged = (sizes, source)
-    if full is not None:
-        out = torch.empty_like(full)  # the groups cover every row once
-        for rows, (o, _, _, _) in parts:
-            out[rows] = o
-        call.gather_time_s += time.perf_counter() - t0
-        return out, None, kept, merged
-    b, d = hidden.shape[0], hidden.shape[-1]
-    width = max(o.shape[1] for _, (o, _, _, _) in parts)
-    out = hidden.new_zeros(b, width, d)
-    out_mask = mask.new_zeros(b, width)
-    for rows, (o, m, _, _) in parts:
-        out[rows, : o.shape[1]] = o
-        out_mask[rows, : m.shape[1]] = m
-    call.gather_time_s += time.perf_counter() - t0
-    return out, out_mask, kept, merged
-
-
-def _tracing() -> bool:
-    """True while torch.export / torch.compile / the TorchScript tracer records the forward.
-
-    Python must not branch on values there: the loop skips the per-forward statistics, timers
-    and row bucketing (counts read back from tensors) and sizes every gather from shapes
-    (:func:`_fixed_width`) or, exporting, by :func:`_traced_width` (a symbolic size)."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing()
-
-
-# torch.export sets this module flag for the whole trace (``torch._export.utils.
-# _compiling_state_context``, strict and non-strict, so ONNX's dynamo exporter too); plain
-# torch.compile never does. Absent on torches older than 2.6, which only have the function.
-_EXPORT_FLAG = hasattr(torch.compiler, "_is_exporting_flag")
-
-
-def _exporting() -> bool:
-    """torch.export / ONNX (dynamo) / the TorchScript tracer: graphs meant to run without
-    Python, whose gathers keep the eager forward's exact widths (:func:`_traced_width`).
-
-    Reads ``torch.compiler._is_exporting_flag`` itself, not ``torch.compiler.is_exporting()``:
-    up to torch 2.11 dynamo answers a traced ``is_exporting()`` with a constant True inside
-    any compiled function (pytorch#176347, fixed by #176499), which took the export path's
-    ``.item()`` under plain ``torch.compile``: graph breaks, host syncs, split CUDA graphs.
-    Dynamo reads a module attribute as it is (a guarded constant), so the flag is False under
-    torch.compile and True under torch.export on every torch (tests/test_export_flag.py)."""
-    if torch.jit.is_tracing():
-        return True
-    if _EXPORT_FLAG:
-        return bool(torch.compiler._is_exporting_flag)
-    return torch.compiler.is_exporting()
-
-
-def _traced_width(keep: Tensor):
-    """The gather width K of an exported forward: the batch's largest kept count (CLS and
-    separators included), as a data-dependent size, at least 2.
-
-    ``.item()`` under torch.export gives an unbacked SymInt, which ONNX carries as a tensor
-    (the Slice that cuts the sorted positions), so the graph keeps exactly the tokens the eager
-    forward keeps, for fixed budgets and thresholds alike. At least 2 because HF's SDPA call
-    branches on ``q_length > 1``, a guard an unbacked size cannot answer; a batch whose rows
-    all keep one token gets one padding slot, masked like any other."""
-    width = keep.shape[1]
-    k = keep.sum(1).max().clamp(2, width).item()
-    size_hint(k >= 2)
-    size_hint(k <= width)
-    return k
-
-
-def _bidirectional(state: HFEncoderState, hidden: Tensor, mask: Tensor, skip: bool = True):
-    """The layers' attention mask for a gathered batch, from the stock helper: the format the
-    model's attention implementation expects (None, bool or float). ``skip=False`` always
-    builds the mask: the helper's "no padding, no mask" shortcut reads the mask back from
-    the device (``mask.all()``), which the sync-free path must not do."""
-    from attnprune.compat import create_bidirectional_mask
-
-    extra = {} if skip else {"allow_is_bidirectional_skip": False}
-    return create_bidirectional_mask(config=state.config, inputs_embeds=hidden,
-                                     attention_mask=None if mask is None else mask.long(),
-                                     **extra)
-
-
-def _additive(mask: Tensor, soft: Tensor | None, dtype) -> Tensor:
-    """(B, L) additive key bias: log m̃ on real keys (0 when no soft mask), dtype-min on padding."""
-    lo = torch.finfo(dtype).min
-    if soft is None:
-        return torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device),
-                           torch.full((), lo, dtype=dtype, device=mask.device))
-    # clamp: log 0 = −inf would give NaN gradients; e^-30 is already "removed". In float32:
-    # e^-30 underflows to 0 in fp16 (smallest subnormal 6e-8), so the log is taken in fp32
-    # and the result (−30) fits every dtype.
-    return torch.where(mask, soft.float().clamp_min(math.exp(-30)).log().to(dtype),
-                       torch.full((), lo, dtype=dtype, device=mask.device))
 
 
 # ----------------------------------------------------------------------------- the host
