@@ -45,11 +45,11 @@ from attnprune.compat import BaseModelOutputWithPast
 from attnprune.hosts import register_host
 from attnprune.hosts.families import FAMILIES, Family, rotary_families
 from attnprune.hosts.hf_causal import (
+    BlockPass,
     CausalPatchState,
-    _one_cache,
-    _Pass,
     block_loop,
     cache_kwargs,
+    one_cache,
     patch_causal,
     positions,
 )
@@ -94,7 +94,7 @@ def sliding_window(config, family: Family) -> int | None:
 ROTARY_GROUP_OVERHEAD_TOKENS: float | None = None
 
 
-def _rotary_call(run: _Pass, l: int, block: nn.Module, h: Tensor, index: Tensor, mask) -> Tensor:
+def _rotary_call(run: BlockPass, l: int, block: nn.Module, h: Tensor, index: Tensor, mask) -> Tensor:
     # Kept tokens keep their original positions: gather (cos, sin) with the alive index.
     cos, sin = run.rows["cos"], run.rows["sin"]  # (b, L, d_head)
     # Tokens leave only at decision layers (before their block): until the first one the
@@ -115,7 +115,7 @@ def rotary_forward(state: CausalPatchState, original, input_ids=None, attention_
     same inputs and outputs (2D masks only); the cache comes as ``cache`` (transformers ≥
     5.24) or ``past_key_values`` (before)."""
     m = state.inner
-    past_key_values = _one_cache(cache, past_key_values)
+    past_key_values = one_cache(cache, past_key_values)
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("input_ids: give exactly one of input_ids or inputs_embeds")
     if isinstance(attention_mask, dict):

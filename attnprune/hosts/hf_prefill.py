@@ -42,7 +42,7 @@ from transformers import DynamicCache
 
 from attnprune.compat import create_causal_mask
 from attnprune.hosts.families import rotary_families
-from attnprune.hosts.hf_causal import _gpt2, cache_kwargs
+from attnprune.hosts.hf_causal import cache_kwargs, gpt2_inner
 from attnprune.hosts.hf_llama import family_of, rotary_inner, sliding_window
 
 __all__ = ["GPT2Decoder", "RotaryDecoder", "decoder_for"]
@@ -173,7 +173,7 @@ class GPT2Decoder(_Decoder):
     at the input (``wpe``), so a kept token carries its original position with its state."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.inner = _gpt2(model)
+        self.inner = gpt2_inner(model)
         self.lm_head = _lm_head(model, self.inner)
         self.config = self.inner.config
         self.n_layers = len(self.inner.h)
@@ -213,7 +213,7 @@ class GPT2Decoder(_Decoder):
 
 def decoder_for(model: nn.Module) -> _Decoder:
     """The family view of ``model``: GPT-2 or a rotary decoder (ValueError naming why not)."""
-    if _gpt2(model) is not None:
+    if gpt2_inner(model) is not None:
         return GPT2Decoder(model)
     return RotaryDecoder(model)
 
