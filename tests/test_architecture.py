@@ -2,8 +2,8 @@
 import circle and a small top level; hosts reach methods through the registry and the base
 classes only, and family facts through the one family table; ``api.py`` imports no client of
 the library; no module imports another's private names; private torch and transformers names
-only in ``compat.py``. Each rule also runs on a
-planted violation in a throw-away package, so a check that stopped seeing anything would fail.
+only in ``compat.py``. Each rule also runs on a planted violation in a throw-away package, so a
+check that stopped seeing anything would fail.
 
 The graph is read from the source (every ``import`` statement, function-level ones included),
 so a lazy import that crosses a layer is caught as well as a top-level one."""
@@ -452,6 +452,14 @@ def test_compat_transformers_names_resolve():
 
 def test_hosts_import_methods_only_through_the_registry_and_the_base():
     assert host_method_imports(graph()) == []
+
+
+def test_api_imports_no_client_module():
+    assert api_client_imports() == []
+
+
+def test_no_module_imports_another_modules_private_names():
+    assert private_imports() == []
 
 
 def test_private_torch_and_transformers_names_only_in_the_compat_module():
