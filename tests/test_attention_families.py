@@ -74,8 +74,8 @@ ARCHS = {
 DECODERS = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt2"]
 METHODS = attnprune.list_methods("attention") + attnprune.list_methods("loss")
 # per method: the neutral setting (stock outputs) and a setting that acts
-NEUTRAL = {"crisp": {"sparsity": 0.0}, "intensity": {"fixed": 1.0}, "cost": {"lam": 0.0}}
-ON = {"crisp": {"sparsity": 0.5}, "intensity": {}, "cost": {"lam": 1e-2}}
+NEUTRAL = {m: attnprune.methods.registry.get(m).cls.neutral_options for m in METHODS}
+ON = {m: attnprune.methods.registry.get(m).cls.example_options for m in METHODS}
 
 
 def build(arch: str, **overrides):

@@ -10,7 +10,15 @@ their own state; ``unpatch`` lets the stock forward show through again.
 Per call: what one forward computes and leaves (losses, the policy's actions, statistics) goes
 to a :class:`CausalCall` begun at the inner model's entry and ended at its exit
 (:class:`attnprune.hosts.Calls`, per thread); ``state.aux_losses`` / ``stats`` / ``actions`` read
-the calling thread's last call, so threads sharing one patched model never mix them.
+the calling thread's last call (:class:`attnprune.hosts.LastCall` attributes of a
+:class:`attnprune.hosts.CallState`), so threads sharing one patched model never mix them. What
+outlives a call stays with the object it describes: the per-block key masks of a KV cache ride
+on that cache (they must follow it across calls, threads and copies).
+
+The host kit (:mod:`attnprune.hosts`) builds the method (``build_method``), prices a group of
+rows (``group_overhead``), splits and runs row groups (``split_rows``, ``run_row_groups``) and
+registers the method module (``add_method_module``). A learned method that is untrained keeps
+every token; a forward hook says so once, at the first eval forward (``UntrainedMethodWarning``).
 
 Notation: B batch, L input length, K tokens still alive (≤ L), d width, l block index
 (0-based), a_j ∈ [0, 1] the soft "alive" weight of token j in training, ρ keep ratio.
@@ -412,11 +420,6 @@ def one_cache(cache, past_key_values):
     if cache is not None and past_key_values is not None:
         raise ValueError("cache: give cache or past_key_values, not both")
     return cache if cache is not None else past_key_values
-
-
-# TRANSITIONAL (issue 47): the old private names, until hf_llama imports the public ones.
-_Pass, _one_cache = BlockPass, one_cache
-_gpt2 = gpt2_inner  # and hf_prefill's import, until its owner commits the new one
 
 
 def _write_back(full: Tensor, pending: list, covered: bool = False) -> Tensor:
