@@ -338,3 +338,14 @@ def test_tabulate_only_trains_nothing(tmp_path, capsys):
         run(cfg, ResultsDir(tmp_path))
     assert not list(tmp_path.glob("runs/*.json"))
     assert "missing crisp-s0.8-uniform__seed0" in capsys.readouterr().out
+
+
+def test_main_names_its_folder_after_the_sweep(tmp_path, capsys):
+    """The command goes through runs.command.run_command with the folder name a function of
+    the config (attention-<sweep>), made after the options parse and before the run."""
+    from attnprune.research.experiments.attention_sweeps import main
+
+    with pytest.raises(ValueError, match="tabulate_only: no finished run"):
+        main(["--tabulate_only", "true", "--seeds", "0", "--sparsities", "0.0,0.8",
+              "--schedules", "uniform", "--progress", "false", "--out", str(tmp_path)])
+    assert [p.name.rsplit("-", 2)[0] for p in tmp_path.iterdir()] == ["attention-crisp"]

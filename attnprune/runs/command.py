@@ -28,16 +28,17 @@ from attnprune.runs.results import ResultsDir
 __all__ = ["run_command", "save_table"]
 
 
-def run_command(argv: list[str], config_cls: type, name: str,
+def run_command(argv: list[str], config_cls: type, name: str | Callable[[Any], str],
                 body: Callable[..., str | None], default_out: str = "results", *,
                 defaults: dict[str, Any] | None = None,
                 prepare: Callable[[Any], Any] | None = None,
                 announce: str = "results: {}", end_with_folder: bool = True) -> int:
     """``parse_command_line`` → ``prepare(config)`` → ``ResultsDir.start(out, name)`` →
     ``body(config, folder[, prepared])`` → print its text and ``results: <folder>``; returns
-    the exit code 0."""
+    the exit code 0. ``name`` may be a function of the config (``attention-{sweep}``)."""
     cl = parse_command_line(argv, config_cls, default_out=default_out, defaults=defaults)
     prepared = () if prepare is None else (prepare(cl.config),)
+    name = name(cl.config) if callable(name) else name
     out = ResultsDir.start(cl.out, name, cl.exact_out, cl.config, announce=announce)
     text = body(cl.config, out, *prepared)
     if text:

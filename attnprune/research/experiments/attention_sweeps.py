@@ -70,7 +70,7 @@ from attnprune.research.experiments.attention_sweeps_config import (
     sparse_proxy_relative,
 )
 from attnprune.research.experiments.attention_sweeps_tables import summarize
-from attnprune.runs.config import parse_command_line
+from attnprune.runs.command import run_command
 from attnprune.runs.results import ResultsDir
 
 __all__ = ["DENSE", "SWEEPS", "SweepConfig", "compact_label", "compact_runs", "main",
@@ -280,12 +280,12 @@ def main(argv: list[str]) -> int:
 
         print_help(__doc__, SweepConfig)
         return 0
-    cl = parse_command_line(argv, SweepConfig, default_out="results")
-    out = ResultsDir.start(cl.out, f"attention-{cl.config.sweep}", cl.exact_out, cl.config)
-    summary = run(cl.config, out)
-    print((out.path / "table.md").read_text())
-    print(f"results: {out.path}  ({len(summary['methods'])} settings)")
-    return 0
+    def body(cfg: SweepConfig, out: ResultsDir) -> str:
+        summary = run(cfg, out)
+        return f"{(out.path / 'table.md').read_text()}\nresults: {out.path}  ({len(summary['methods'])} settings)"
+
+    return run_command(argv, SweepConfig, lambda cfg: f"attention-{cfg.sweep}", body,
+                       end_with_folder=False)
 
 
 if __name__ == "__main__":
