@@ -98,3 +98,43 @@ def test_threads_read_their_own_kept_mask_and_stats():
     for name, (out_kept, state_kept, stats) in seen.items():
         assert torch.equal(out_kept, ref[name][1]) and torch.equal(state_kept, ref[name][1])
         assert stats == ref[name][2], name
+
+
+def test_a_rank_loss_waits_for_its_threads_next_forward_only():
+    """``set_rank_loss`` gives the calling thread's next training forward the loss (kept on the
+    thread's calls, :class:`attnprune.hosts.Calls`): not another thread's forward, not the one
+    after; a loss set during a forward waits for the next one, and an encoder-only call in
+    between does not take it."""
+    model = make("bert_model")
+    attnprune.patch(model, "attention_mass", **OPTS)
+    state = attnprune.patch_state(model)
+    model.train()
+    ids, am = batch(3, 12)
+    taken = []
+
+    def loss(student, mask):
+        taken.append(threading.get_ident())
+        return student.sum() * 0
+
+    def forward():
+        model(input_ids=ids, attention_mask=am)
+        return len(state.aux_losses)
+
+    state.set_rank_loss(loss)
+    other = threading.Thread(target=forward)
+    other.start()
+    other.join()
+    assert taken == []  # another thread's forward: not its loss
+    model.encoder(model.embeddings(ids))  # the encoder alone: a call of its own, no rank loss
+    assert taken == []
+    assert forward() == 1 and taken == [threading.get_ident()]
+    assert forward() == 0 and len(taken) == 1  # the next forward only
+
+    handle = model.embeddings.register_forward_hook(lambda *a: state.set_rank_loss(loss))
+    forward()  # set during this forward: waits for the next one
+    handle.remove()
+    assert len(taken) == 1
+    assert forward() == 1 and len(taken) == 2
+    state.set_rank_loss(loss)
+    state.set_rank_loss(None)  # withdrawn
+    assert forward() == 0 and len(taken) == 2

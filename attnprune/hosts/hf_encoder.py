@@ -57,34 +57,21 @@ Choices, and why:
 Written by hand: no library prunes tokens inside the stock HF encoder loop, nor buckets the rows
 of a batch whose lengths change between its layers.
 """
+
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import threading
 from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
 from torch import Tensor, nn
 
+from attnprune import hosts as kit  # the hosts' shared kit: per-call state, patching
 from attnprune.attention import SCORER_KERNELS
 from attnprune.compat import ModelOutput
-from attnprune.hosts import (
-    CallData,
-    Calls,
-    LastCall,
-    PatchState,
-    add_method_module,
-    bracket_calls,
-    check_attn_implementation,
-    refuse_output_flags,
-    register_host,
-    remove_method_module,
-    remove_state_hooks,
-    replace_forward,
-    restore_forward,
-)
+from attnprune.hosts.families import family
 from attnprune.hosts.hf_encoder_loop import Pass, Tokens, bidirectional_mask, run_layers
 from attnprune.hosts.hf_encoder_paths import (
     LazyStats,
@@ -96,7 +83,7 @@ from attnprune.hosts.hf_encoder_paths import (
 )
 from attnprune.methods import registry
 from attnprune.methods.base import protect_special
-from attnprune.selection import group_overhead_slots, parse_schedule
+from attnprune.selection import parse_schedule
 
 __all__ = [
     "GROUP_OVERHEAD_PER_THREAD",
@@ -127,9 +114,7 @@ def group_overhead_tokens(d_model: int = 384) -> float:
     """c for :func:`attnprune.selection.row_groups` at width ``d_model`` and torch's current
     thread count: ``GROUP_OVERHEAD_TOKENS`` if set, else
     :func:`attnprune.selection.group_overhead_slots`."""
-    if GROUP_OVERHEAD_TOKENS is not None:
-        return GROUP_OVERHEAD_TOKENS
-    return group_overhead_slots(d_model, block="encoder")
+    return kit.group_overhead(GROUP_OVERHEAD_TOKENS, d_model, "encoder")
 
 
 # Set by :func:`stock_calls`: forwards in this context (thread, task) run the stock encoder.
@@ -162,8 +147,6 @@ def _family(model: nn.Module) -> str | None:
     'deberta', 'modernbert'), 'refused' for a model the host refuses (a family the table
     refuses, or an encoder family configured as a decoder; patch says why), None for anything
     else (decoders, which have their own token hosts)."""
-    from attnprune.hosts.hf_attention import family
-
     base = getattr(model, "base_model", None)
     fam = family(model)
     if base is None:
@@ -181,8 +164,6 @@ def _decoder_flags(config) -> list[str]:
 
 def _refusal(model: nn.Module) -> str:
     """Why token methods cannot run on ``model`` (one :func:`_family` calls 'refused')."""
-    from attnprune.hosts.hf_attention import family
-
     flags = _decoder_flags(model.base_model.config)
     if flags:
         # the same class is served as an encoder: say which setting makes the difference
@@ -223,7 +204,7 @@ def _key_mask(mask4d: Tensor | None, B: int, L: int, device) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- the state
-class _Call(CallData):
+class _Call(kit.CallData):
     """One forward's own data (:class:`attnprune.hosts.Calls`): what the hooks capture and the
     loop reads back within the call, and what it leaves for its caller (``kept_mask``,
     ``aux_losses``, ``stats``). Per call and thread, never on the shared state, so one patched
@@ -237,6 +218,9 @@ class _Call(CallData):
         self.sizes: Tensor | None = None  # (B, L) merging: originals per kept position
         self.source: Tensor | None = None  # (B, L) merging: each position's representative
         self.scorer_time_s = self.select_time_s = self.gather_time_s = 0.0
+        # set_rank_loss: the rank loss waiting for the thread's next forward, held by its last
+        # finished call (``HFEncoderState.next_rank``) until that forward takes it
+        self.next_rank: Callable[[Tensor, Tensor], Tensor] | None = None
         self.release()
 
     def release(self) -> None:
@@ -253,7 +237,7 @@ class _Call(CallData):
         self.soft_bias: Tensor | None = None  # the layers' mask when it is the soft log-mask bias
 
 
-class HFEncoderState(PatchState):
+class HFEncoderState(kit.CallState):
     """What the patch leaves on the model: the schedule, the hooks, the last forward's stats.
 
     ``stats`` after each forward: ``real_tokens`` (sum of real tokens in the batch),
@@ -272,8 +256,9 @@ class HFEncoderState(PatchState):
     def __init__(self, method: str, module: nn.Module, encoder: nn.Module, layers, qk,
                  schedule: tuple[float, ...], keep_ratio: float, config, family: str,
                  output: str, soft_mode: str, bucket_rows: bool = True,
-                 sync_free: bool | None = None) -> None:
-        self.calls = Calls(_Call)  # before PatchState's __init__, which sets aux_losses and stats
+                 sync_free: bool | None = None, *, n_heads: int = 0, scorer_queries: int = 0,
+                 scorer_kernel: str = "matmul", protect_ids: tuple[int, ...] = (),
+                 reduce: str = "drop", min_tokens: int = 0, output_cls=None) -> None:
         super().__init__(method, module)
         self.encoder = encoder
         self.layers = layers
@@ -287,10 +272,15 @@ class HFEncoderState(PatchState):
         self.enabled = True
         self.bucket_rows = bucket_rows
         self.sync_free = sync_free  # None: by device (:func:`sync_free`)
-        self.protect_ids: tuple[int, ...] = ()  # token ids kept like CLS (separators)
+        self.n_heads = n_heads
+        self.scorer_queries = scorer_queries  # S query rows for "received" (0: all, exact)
+        self.scorer_kernel = scorer_kernel
+        self.protect_ids = protect_ids  # token ids kept like CLS (separators)
+        self.reduce = reduce
+        self.min_tokens = min_tokens
+        self.output_cls = output_cls  # the encoder's output class
         self._protect_tensors: dict = {}  # protect_ids as a tensor per device (no copy per call)
         self._handles: list = []
-        self._rank: dict = {}  # thread id → the rank loss of its next forward (set_rank_loss)
 
     @property
     def anatomy(self):
@@ -309,9 +299,9 @@ class HFEncoderState(PatchState):
         self.__dict__["_anatomy"] = value
 
     # -- per-call data: the calling thread's last forward's ----------------------------------
-    aux_losses = LastCall()
-    stats = LastCall()
-    kept_mask = LastCall(
+    # (aux_losses and stats: CallState's)
+    call_data = _Call
+    kept_mask = kit.LastCall(
         """(B, L) bool of the last forward on this thread: True at the positions the last
         layer computed (the kept tokens: their states in ``last_hidden_state`` are the pruned
         model's output); False at padding and at dropped tokens, whose scattered states are
@@ -320,27 +310,27 @@ class HFEncoderState(PatchState):
         (a ``ModelOutput``; not with ``return_dict=False``). None before any forward.
         Per thread: two threads serving one model each read their own call's.""")
 
-    sizes = LastCall(
+    sizes = kit.LastCall(
         """(B, L) float32 of the last forward on this thread when merging (``reduce="merge"``):
         at each kept position (``kept_mask``) how many original tokens it stands for (its own
         and those merged into it), 0 elsewhere; a row sums to its real tokens. None when the
         patch drops tokens. Also ``output.sizes``.""")
-    source = LastCall(
+    source = kit.LastCall(
         """(B, L) long of the last forward on this thread when merging: for every original
         position the original position of its representative (the kept token it was merged
         into, itself when kept, itself at padding). With ``output="scatter"`` the output at
         position p is the representative's state, ``last_hidden_state[b, source[b, p]]``.
         None when the patch drops tokens. Also ``output.source``.""")
+    next_rank = kit.LastCall(
+        """The rank loss :meth:`set_rank_loss` set for this thread's next forward (None: none),
+        held by the thread's last finished call until the next forward begins and takes it.""")
 
     def set_rank_loss(self, loss: Callable[[Tensor, Tensor], Tensor] | None) -> None:
         """``loss(student (B, L), mask) -> Tensor`` for the calling thread's next forward
         only, in training: added to its ``aux_losses`` at the first pruning layer, on the
         scorer's token distribution there (ranking distillation,
         :mod:`attnprune.train.rank_distill`). None withdraws it."""
-        if loss is None:
-            self._rank.pop(threading.get_ident(), None)
-        else:
-            self._rank[threading.get_ident()] = loss
+        self.next_rank = loss
 
     def mask4d(self, hidden: Tensor, attention_mask: Tensor):
         """The layers' mask for the uncut batch from a (B, L) padding mask, for a family's
@@ -363,15 +353,15 @@ class HFEncoderState(PatchState):
 
     # -- copies and pickles: no per-device tensors, no pending rank loss (a closure) --------
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_protect_tensors": {}, "_rank": {}}
+        return {**self.__dict__, "_protect_tensors": {}}
 
     def unpatch(self, model: nn.Module) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        remove_state_hooks(model, self)
-        restore_forward(self.encoder)
-        remove_method_module(model, self.modules)
+        kit.remove_state_hooks(model, self)
+        kit.restore_forward(self.encoder)
+        kit.remove_method_module(model, self.modules)
 
 
 
@@ -392,6 +382,7 @@ def _encoder_forward(state: HFEncoderState, original, *args, **kwargs):
     finally:
         call.release()
         if own:
+            _keep_rank_waiting(calls, call)
             calls.end()
 
 
@@ -409,7 +400,7 @@ def _run(state: HFEncoderState, call: _Call, original, hidden_states, attention_
         return original(hidden_states, attention_mask, *args, **kwargs)
     if args or kwargs.get("encoder_hidden_states") is not None:
         raise ValueError("hf_encoder: cross-attention (encoder_hidden_states) is not supported")
-    check_attn_implementation(state.config, "hf_encoder")
+    kit.check_attn_implementation(state.config, "hf_encoder")
     kwargs.pop("encoder_attention_mask", None)
     kwargs.pop("past_key_values", None)
     kwargs.pop("cache", None)  # the cache's name from transformers 5.24 on
@@ -465,7 +456,7 @@ def _run(state: HFEncoderState, call: _Call, original, hidden_states, attention_
 
 
 # ----------------------------------------------------------------------------- the host
-@register_host("hf_encoder", kinds=("token",), matches=lambda m: _family(m) is not None)
+@kit.register_host("hf_encoder", kinds=("token",), matches=lambda m: _family(m) is not None)
 def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float] = 0.5,
                      after_layer: int = 1, schedule=None, output: str = "auto",
                      soft_mode: str = "bias", scorer_queries: int = 0,
@@ -473,7 +464,7 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
                      sync_free: bool | None = None, scorer_kernel: str = "matmul",
                      reduce: str | None = None, min_tokens: int | None = None,
                      **method_options) -> HFEncoderState:
-    """Patch an encoder of a family in ``hf_attention.FAMILIES`` with a ``token`` anatomy (BERT,
+    """Patch an encoder of a family in ``hosts.families.FAMILIES`` with a ``token`` anatomy (BERT,
     MiniLM, RoBERTa, DistilBERT, XLM-R, CamemBERT, ELECTRA, ALBERT, MPNet, DeBERTa-v2/v3,
     ModernBERT; or its ``*ForSequenceClassification``) with token method ``spec``.
 
@@ -512,7 +503,7 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
         raise ValueError(f"scorer_kernel must be one of {SCORER_KERNELS}, got {scorer_kernel!r}")
     if sync_free is not None and not isinstance(sync_free, bool):
         raise ValueError(f"sync_free must be True, False or None (by device), got {sync_free!r}")
-    check_attn_implementation(model.config, "hf_encoder")
+    kit.check_attn_implementation(model.config, "hf_encoder")
     if not isinstance(bucket_rows, bool):
         raise ValueError(f"bucket_rows must be True or False, got {bucket_rows!r}")  # noqa: TRY004 (patch() contract: ValueError)
     if output not in ("auto", "scatter", "short"):
@@ -540,27 +531,20 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     n_heads = getattr(cfg, "num_attention_heads", None) or cfg.n_heads
     n_classes = max(int(getattr(cfg, "num_labels", 2) or 2), 2)
     context = {"d_model": d_model, "n_classes": n_classes, "n_layers": n_layers, "n_heads": n_heads}
-    method = registry.create(spec.name, context=context, **method_options)
-    param = next(model.parameters(), None)
-    if param is not None:
-        method.to(device=param.device, dtype=param.dtype)
-    method.train(model.training)  # follow the model's mode (model.eval() came before the patch)
+    method = kit.build_method(spec.name, context, model, **method_options)
     rho = keep_ratio if isinstance(keep_ratio, (int, float)) else min(sched)
-    state = HFEncoderState(spec.name, method, encoder, layers, qk, sched, float(rho), cfg,
-                           family, output, soft_mode, bucket_rows, sync_free)
-    state.n_heads = n_heads
-    state.scorer_queries = scorer_queries
-    state.scorer_kernel = scorer_kernel
-    state.protect_ids = protect_ids
-    state.reduce = reduce
-    state.min_tokens = min_tokens
     from attnprune.compat import (
         BaseModelOutput,
         BaseModelOutputWithPastAndCrossAttentions,
     )
 
-    state.output_cls = BaseModelOutputWithPastAndCrossAttentions if family == "bert" else BaseModelOutput
-    add_method_module(model, method)  # trained and saved with the model
+    state = HFEncoderState(
+        spec.name, method, encoder, layers, qk, sched, float(rho), cfg, family, output,
+        soft_mode, bucket_rows, sync_free, n_heads=n_heads, scorer_queries=scorer_queries,
+        scorer_kernel=scorer_kernel, protect_ids=protect_ids, reduce=reduce,
+        min_tokens=min_tokens,
+        output_cls=BaseModelOutputWithPastAndCrossAttentions if family == "bert" else BaseModelOutput)
+    kit.add_method_module(model, method)  # trained and saved with the model
     if method.needs_attention or getattr(method, "needs_keys", False) or reduce == "merge":
         for q_lin, k_lin in dict.fromkeys(qk):  # once per module (ALBERT shares them)
             state._handles.append(q_lin.register_forward_hook(partial(_capture, state, "q", q_lin)))
@@ -569,8 +553,8 @@ def patch_hf_encoder(model: nn.Module, spec, keep_ratio: float | Sequence[float]
     # the model get their own. The kept mask's hook first: it runs before the call ends.
     state._handles.append(model.register_forward_hook(partial(_attach_kept_mask, state),
                                                       with_kwargs=True))
-    state._handles += bracket_calls(model, state, state.calls, _begin_call)
-    replace_forward(encoder, _encoder_forward, state)
+    state._handles += kit.bracket_calls(model, state, state.calls, _begin_call)
+    kit.replace_forward(encoder, _encoder_forward, state)
     return state
 
 
@@ -580,12 +564,13 @@ def _begin_call(state: HFEncoderState, call: _Call, module, args, kwargs) -> Non
     embeddings) and the rank loss set for it; refuses output flags the pruned loop cannot
     honour."""
     if state.enabled and any(r < 1.0 for r in state.schedule):
-        refuse_output_flags(module.config, kwargs, "hf_encoder")
+        kit.refuse_output_flags(module.config, kwargs, "hf_encoder")
     ids = kwargs.get("input_ids", args[0] if args else None)
     call.labels = kwargs.get("labels")
     call.inputs = (ids if isinstance(ids, Tensor) else None, kwargs.get("token_type_ids"))
-    if state._rank:
-        call.rank = state._rank.pop(threading.get_ident(), None)  # the next forward only
+    prev = state.calls.last()  # the thread's last finished call holds a waiting rank loss
+    if prev is not None and prev.next_rank is not None:
+        call.rank, prev.next_rank = prev.next_rank, None  # the next forward only
 
 
 def _attach_kept_mask(state: HFEncoderState, module, args, kwargs, output) -> None:
@@ -594,6 +579,7 @@ def _attach_kept_mask(state: HFEncoderState, module, args, kwargs, output) -> No
     forward that ran no pruned loop (``enabled = False``, ModernBERT's stock path) keeps
     every real token: the mask is then the caller's padding mask."""
     call = state.calls.current()
+    _keep_rank_waiting(state.calls, call)
     kept = call.kept_mask
     if kept is None:
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -610,6 +596,15 @@ def _attach_kept_mask(state: HFEncoderState, module, args, kwargs, output) -> No
         if call.sizes is not None:
             object.__setattr__(output, "sizes", call.sizes)
             object.__setattr__(output, "source", call.source)
+
+
+def _keep_rank_waiting(calls: kit.Calls, ending: _Call) -> None:
+    """A call that ends becomes the thread's last one: a rank loss still waiting on the call
+    before it (set during this forward, or before a forward that took none) moves to it, so
+    it waits for the thread's next forward whatever ran in between."""
+    prev = calls.last()
+    if prev is not None and prev is not ending and prev.next_rank is not None:
+        ending.next_rank, prev.next_rank = prev.next_rank, None
 
 
 def _protect_ids(config, ids: Sequence[int] | None) -> tuple[int, ...]:
@@ -631,9 +626,7 @@ def _auto_output(model: nn.Module) -> str:
     and ``SequenceClassifierOutput`` does not return ``last_hidden_state``. Scattering the
     kept tokens back to (B, L, d) would then be two (B, L, d) copies nobody reads. Any other
     model (the bare encoder, token classification, ...) gets "scatter", the stock shape.
-    The heads are the family's ``cls_head`` in ``hf_attention.FAMILIES``."""
-    from attnprune.hosts.hf_attention import family
-
+    The heads are the family's ``cls_head`` in ``hosts.families.FAMILIES``."""
     # exact types: a subclass may read other positions
     return "short" if type(model).__name__ in family(model).cls_head else "scatter"
 

@@ -1,8 +1,9 @@
 """The layer loop of the encoder token host (:mod:`attnprune.hosts.hf_encoder`): the layers
 on the tokens still present, the method's selection and the gather after each pruning layer,
 merging, soft masks in training, and the row-group recursion (:func:`run_layers` and
-:func:`_grouped`: after a gather, groups of rows with similar kept counts run the remaining
-layers apart, each cut to its own longest row)."""
+:func:`_grouped`, with the hosts' kit: :func:`attnprune.hosts.split_rows` and
+:func:`attnprune.hosts.run_row_groups`; after a gather, groups of rows with similar kept
+counts run the remaining layers apart, each cut to its own longest row)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from attnprune.attention import attention_received, scorer_attention
-from attnprune.hosts import CallData
+from attnprune.hosts import CallData, run_row_groups, split_rows
 from attnprune.hosts.hf_encoder_paths import clock, fixed_width, traced_width
 from attnprune.methods.base import protect_first
 from attnprune.selection import (
@@ -23,7 +24,6 @@ from attnprune.selection import (
     group_overhead_slots,
     key_metric,
     merge_tokens,
-    row_groups,
     scatter_tokens,
 )
 
@@ -219,8 +219,8 @@ def run_layers(state, run: Pass, start: int, hidden: Tensor, mask: Tensor,
                                                 hidden.dtype)[:, None, None, :]
         else:
             if run.bucket and hidden.shape[0] > 1:
-                groups = row_groups(mask.sum(1), run.overhead(hidden.shape[-1]))
-                if len(groups) > 1:
+                groups = split_rows(mask, run.overhead(hidden.shape[-1]))
+                if groups is not None:
                     call.gather_time_s += time.perf_counter() - t1
                     return _grouped(state, run, i + 1, groups, hidden, mask, index, full,
                                     protect, tokens)
@@ -342,18 +342,21 @@ def _grouped(state, run: Pass, start: int, groups: list[Tensor],
     call = run.call
     tokens = tokens or Tokens()
     t0 = time.perf_counter()
-    parts = []
-    for rows in groups:  # rows (g,) indices into the b rows
-        k = max(int(mask[rows].sum(1).max()), 1)
+
+    def group(rows: Tensor, k: int) -> tuple:  # rows (g,) indices into the b rows
+        nonlocal t0
         h, m = hidden[rows, :k], mask[rows, :k]  # (g, k, d), (g, k)
         sub = tokens.rows(rows, k)
         m4 = _layer_mask(state, run, h, m, sub)
         sub_full = None if full is None else full[rows]  # (g, L, d)
         call.gather_time_s += time.perf_counter() - t0
         prot = None if protect is None else protect[rows, :k]
-        parts.append((rows, run_layers(state, run, start, h, m, m4, index[rows, :k], sub_full,
-                                       gathered=True, protect=prot, tokens=sub)))
+        out = run_layers(state, run, start, h, m, m4, index[rows, :k], sub_full,
+                         gathered=True, protect=prot, tokens=sub)
         t0 = time.perf_counter()
+        return out
+
+    parts = run_row_groups(groups, mask, group)
     kept = mask.new_zeros(hidden.shape[0], run.length)
     for rows, (_, _, k, _) in parts:
         kept[rows] = k
