@@ -400,8 +400,3 @@ def main(argv: list[str]) -> int:
     # resuming a results folder: its saved config is the base (parse_command_line), and an
     # option given that differs from it is refused (ResultsDir.start), --phase aside
     return run_command(argv, ParetoConfig, "pareto", body, prepare=prepare, end_with_folder=False)
-
-
-def load_summary(folder) -> dict:
-    return json.loads((ResultsDir(folder).path / "summary.json").read_text())
-

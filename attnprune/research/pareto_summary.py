@@ -224,10 +224,6 @@ def _composition(points: dict, bs: str) -> list[dict]:
     return out
 
 
-def _fmt_ci(c) -> str:
-    return "—" if not c else f"[{100 * c[0]:+.2f}, {100 * c[1]:+.2f}]"
-
-
 def _table_rows(points: dict, cfg: ParetoConfig) -> list[dict]:
     rows = []
     bss = [str(b) for b in cfg.timing_batch_sizes]

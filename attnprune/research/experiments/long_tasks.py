@@ -54,8 +54,6 @@ from torch import nn
 
 from attnprune.research.data import long_tasks as lt
 
-VARIANT_KINDS = ("full", "attention", "random", "recent", "shallow")
-
 
 @dataclass(frozen=True)
 class LongTasksConfig:
