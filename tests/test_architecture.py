@@ -458,6 +458,10 @@ def test_api_imports_no_client_module():
     assert api_client_imports() == []
 
 
+def test_hosts_read_family_facts_from_the_family_table():
+    assert family_imports_elsewhere() == []
+
+
 def test_no_module_imports_another_modules_private_names():
     assert private_imports() == []
 
