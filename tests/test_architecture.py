@@ -321,10 +321,6 @@ def test_no_source_file_is_ignored_by_git():
     assert r.stdout.split() == []
 
 
-PRIVATE = re.compile(r"\._attn_implementation\b|[\"']_attn_implementation[\"']|\._forward_hooks\b|"
-                     r"\._forward_pre_hooks\b|\._modules\b|torch\.ops\.aten\._")
-
-
 # Private torch / transformers names, read on the syntax tree (comments and docstrings never
 # count): any ``_name`` part of an attribute chain that starts at torch or transformers (or a
 # name imported from them, or assigned from such a chain: ``aten = torch.ops.aten``), in an
@@ -466,20 +462,27 @@ def test_no_module_imports_another_modules_private_names():
     assert private_imports() == []
 
 
+# Sites the AST check found that are not moved into compat.py yet (file: what, line numbers
+# left out): transformers' ``config._output_attentions`` behind the attention host's
+# ``output_attentions`` setter, and crisp's meta-buffer check (the loader's
+# ``_is_hf_initialized`` flag, the module's ``_buffers``). Any other site fails the test; the
+# list only shrinks: empty it, and the test holds the tree to no private name outside compat.
+NOT_YET_IN_COMPAT = {
+    "hosts/hf_attention.py: self…._output_attentions",
+    "hosts/hf_attention.py: _output_attentions=…",
+    "methods/crisp.py: '_is_hf_initialized'",
+    "methods/crisp.py: getattr(…, '_is_hf_initialized')",
+    "methods/crisp.py: '_buffers'",
+}
+
+
 def test_private_torch_and_transformers_names_only_in_the_compat_module():
-    """Private names (``config._attn_implementation``, ``module._forward_hooks`` /
-    ``_forward_pre_hooks`` / ``_modules``, aten's ``_scaled_dot_product_*``) are reached through
-    ``attnprune/compat.py`` alone, which says which versions it was checked against."""
-    found = []
-    for path in sorted(ROOT.rglob("*.py")):
-        rel = path.relative_to(ROOT).as_posix()
-        if rel == "compat.py":
-            continue
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            code = line.split("#", 1)[0]
-            if PRIVATE.search(code) and "``" not in code:
-                found.append(f"{rel}:{n}: {line.strip()}")
-    assert found == []
+    """Private names (``config._attn_implementation``, ``module._forward_hooks``, ``w._version``,
+    ``cls._from_config``, ``torch._check``, ``torch._dynamo``, aten's ``_scaled_dot_product_*``,
+    …) are reached through ``attnprune/compat.py`` alone, which says which versions it was
+    checked against (but for the sites of ``NOT_YET_IN_COMPAT``)."""
+    found = {re.sub(r":\d+:", ":", site, count=1) for site in private_api_sites()}
+    assert found <= NOT_YET_IN_COMPAT, sorted(found - NOT_YET_IN_COMPAT)
 
 
 PLANTED = {
