@@ -113,4 +113,3 @@ def test_methods_and_hosts_read_the_leaf():
     assert attention_mass.attention_received is attention.attention_received
     assert cost.row_entropy_bits is attention.row_entropy_bits
     assert crisp.topk_row_mask is attention.topk_row_mask
-    assert crisp.fused_attention is attention.fused_attention

@@ -16,10 +16,10 @@ from transformers import (
 )
 
 import attnprune
+from attnprune.attention import allowed_keys, row_entropy_bits, topk_row_mask
 from attnprune.hosts.hf_attention import attention_modules, ffn_modules
 from attnprune.methods import registry
-from attnprune.methods.cost import row_entropy_bits
-from attnprune.methods.crisp import allowed_keys, parse_sparsity, topk_row_mask
+from attnprune.methods.crisp import parse_sparsity
 
 V, T = 100, 12
 

@@ -48,7 +48,6 @@ from torch import Tensor, nn
 
 from attnprune.attention import (
     allowed_keys,
-    fused_attention,
     masked_scores,
     mean_normalised_entropy,
     score_bias,
@@ -57,11 +56,6 @@ from attnprune.attention import (
 )
 from attnprune.methods.base import AttentionMethod
 from attnprune.methods.registry import register
-
-# the attention math lives in :mod:`attnprune.attention`; the names other modules imported
-# from here stay importable
-__all__ = ["S_MAX", "CrispAttention", "allowed_keys", "expected_kept_share", "fused_attention",
-           "masked_scores", "parse_sparsity", "score_bias", "softmax_rows", "topk_row_mask"]
 
 S_MAX = 0.99  # never mask a whole row's worth of keys; k ≥ 1 is also enforced per row
 
