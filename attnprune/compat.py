@@ -65,6 +65,7 @@ __all__ = [
     "attn_implementation",
     "auto_model_class_names",
     "children_dict",
+    "config_output_attentions",
     "cpu_flash_attention_ops",
     "cpu_has_bf16",
     "create_bidirectional_mask",
@@ -80,6 +81,7 @@ __all__ = [
     "sdpa_attention_forward",
     "sdpa_logsumexp",
     "sdpa_mask",
+    "set_config_output_attentions",
     "size_hint",
     "tensor_version",
 ]
@@ -185,6 +187,18 @@ def attn_implementation(config) -> str | None:
     """The attention back-end a config selects (transformers 5.x keeps it in the private
     ``config._attn_implementation``; ``set_attn_implementation`` writes it)."""
     return getattr(config, "_attn_implementation", None)
+
+
+def config_output_attentions(config) -> bool:
+    """The ``output_attentions`` a config stores (transformers 5.x keeps it in the private
+    ``config._output_attentions``, which its property reads and ``to_dict`` renames)."""
+    return config._output_attentions
+
+
+def set_config_output_attentions(config, value: bool) -> None:
+    """Store ``output_attentions`` on a config without transformers' setter, which refuses
+    any back-end but "eager" (into the private ``config._output_attentions``)."""
+    config._output_attentions = value
 
 
 def auto_model_class_names(table: str) -> dict:

@@ -463,13 +463,10 @@ def test_no_module_imports_another_modules_private_names():
 
 
 # Sites the AST check found that are not moved into compat.py yet (file: what, line numbers
-# left out): transformers' ``config._output_attentions`` behind the attention host's
-# ``output_attentions`` setter, and crisp's meta-buffer check (the loader's
-# ``_is_hf_initialized`` flag, the module's ``_buffers``). Any other site fails the test; the
-# list only shrinks: empty it, and the test holds the tree to no private name outside compat.
+# left out): crisp's meta-buffer check (the loader's ``_is_hf_initialized`` flag, the module's
+# ``_buffers``). Any other site fails the test; the list only shrinks: empty it, and the test
+# holds the tree to no private name outside compat.
 NOT_YET_IN_COMPAT = {
-    "hosts/hf_attention.py: self…._output_attentions",
-    "hosts/hf_attention.py: _output_attentions=…",
     "methods/crisp.py: '_is_hf_initialized'",
     "methods/crisp.py: getattr(…, '_is_hf_initialized')",
     "methods/crisp.py: '_buffers'",

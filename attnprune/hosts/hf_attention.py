@@ -90,7 +90,11 @@ from attnprune.attention import (
     score_bias,
     softmax_rows,
 )
-from attnprune.compat import attn_implementation
+from attnprune.compat import (
+    attn_implementation,
+    config_output_attentions,
+    set_config_output_attentions,
+)
 from attnprune.hosts import (
     CallData,
     Calls,
@@ -422,18 +426,19 @@ class AttentionWeightsConfig:
 
     @property
     def output_attentions(self):
-        return self._output_attentions
+        return config_output_attentions(self)
 
     @output_attentions.setter
     def output_attentions(self, value: bool) -> None:
-        self._output_attentions = value
+        set_config_output_attentions(self, value)
 
     def validate(self) -> None:
         """transformers' checks, but for the weights check on the flag (see above)."""
         probe = self
-        if self._output_attentions:  # a copy without the flag: never unset the user's
+        if config_output_attentions(self):  # a copy without the flag: never unset the user's
             probe = object.__new__(type(self))
-            probe.__dict__.update(self.__dict__, _output_attentions=False)
+            probe.__dict__.update(self.__dict__)
+            set_config_output_attentions(probe, False)
         super(AttentionWeightsConfig, probe).validate()
 
     def to_dict(self) -> dict:
