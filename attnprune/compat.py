@@ -290,3 +290,15 @@ def dynamo_config_value(name: str):
     import torch._dynamo
 
     return getattr(torch._dynamo.config, name)
+
+
+def hf_initialized(t: Tensor) -> bool:
+    """transformers' loader marks a tensor it filled from a checkpoint (the private
+    ``_is_hf_initialized``; checked in transformers 5.17 and 5.24)."""
+    return bool(getattr(t, "_is_hf_initialized", False))
+
+
+def own_buffer(module: nn.Module, name: str) -> Tensor | None:
+    """``module``'s buffer ``name`` as torch keeps it (the private ``_buffers`` dict), or None;
+    safe inside ``__setattr__`` before ``nn.Module.__init__`` made the dict."""
+    return module.__dict__.get("_buffers", {}).get(name)

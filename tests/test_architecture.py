@@ -9,7 +9,6 @@ The graph is read from the source (every ``import`` statement, function-level on
 so a lazy import that crosses a layer is caught as well as a top-level one."""
 
 import ast
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +30,8 @@ LAYERS = {
 LAYER_NAMES = {0: "library", 1: "training", 2: "run", 3: "bench/research", 4: "command line"}
 # inside the library: a method never imports a host; selection and measure are leaves
 INNER = {
-    "attnprune.methods": ("attnprune.methods", "attnprune.selection", "attnprune.attention"),
+    "attnprune.methods": ("attnprune.methods", "attnprune.selection", "attnprune.attention",
+                          "attnprune.compat"),
     "attnprune.attention": ("attnprune.selection", "attnprune.compat"),
     "attnprune.selection": (),
     "attnprune.measure": ("attnprune.compat",),
@@ -462,24 +462,12 @@ def test_no_module_imports_another_modules_private_names():
     assert private_imports() == []
 
 
-# Sites the AST check found that are not moved into compat.py yet (file: what, line numbers
-# left out): crisp's meta-buffer check (the loader's ``_is_hf_initialized`` flag, the module's
-# ``_buffers``). Any other site fails the test; the list only shrinks: empty it, and the test
-# holds the tree to no private name outside compat.
-NOT_YET_IN_COMPAT = {
-    "methods/crisp.py: '_is_hf_initialized'",
-    "methods/crisp.py: getattr(…, '_is_hf_initialized')",
-    "methods/crisp.py: '_buffers'",
-}
-
-
 def test_private_torch_and_transformers_names_only_in_the_compat_module():
     """Private names (``config._attn_implementation``, ``module._forward_hooks``, ``w._version``,
     ``cls._from_config``, ``torch._check``, ``torch._dynamo``, aten's ``_scaled_dot_product_*``,
     …) are reached through ``attnprune/compat.py`` alone, which says which versions it was
-    checked against (but for the sites of ``NOT_YET_IN_COMPAT``)."""
-    found = {re.sub(r":\d+:", ":", site, count=1) for site in private_api_sites()}
-    assert found <= NOT_YET_IN_COMPAT, sorted(found - NOT_YET_IN_COMPAT)
+    checked against."""
+    assert private_api_sites() == []
 
 
 PLANTED = {

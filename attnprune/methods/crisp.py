@@ -54,6 +54,7 @@ from attnprune.attention import (
     softmax_rows,
     topk_row_mask,
 )
+from attnprune.compat import hf_initialized, own_buffer
 from attnprune.methods.base import AttentionMethod
 from attnprune.methods.registry import register
 
@@ -134,10 +135,10 @@ class CrispAttention(AttentionMethod):
         # loader filled from a checkpoint is marked ``_is_hf_initialized`` and kept, and so is
         # what ``load_state_dict(assign=True)`` assigns.
         fresh = (name == "entropy_ema" and isinstance(value, Tensor) and not value.is_meta
-                 and not getattr(value, "_is_hf_initialized", False)
+                 and not hf_initialized(value)
                  and not self.__dict__.get("_assigning", False))
         if fresh:
-            old = self.__dict__.get("_buffers", {}).get("entropy_ema")
+            old = own_buffer(self, "entropy_ema")
             fresh = old is not None and old.is_meta
         super().__setattr__(name, value)
         if fresh:
