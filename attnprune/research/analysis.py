@@ -28,9 +28,9 @@ import torch
 from torch import Tensor, nn
 
 from attnprune.api import patch_state
+from attnprune.attention import row_entropy_bits
 from attnprune.compat import attn_implementation
 from attnprune.hosts.hf_attention import AttentionPatchState, attention_modules, ffn_modules
-from attnprune.methods.cost import row_entropy_bits
 
 
 def row_gini(probs: Tensor, allowed: Tensor) -> Tensor:

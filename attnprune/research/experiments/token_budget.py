@@ -110,7 +110,7 @@ def attention_by_layer(model, batches, max_batches: int) -> dict:
     """Mean Gini and entropy (bits) of every attention row per layer, from the attention
     modules' eager weights (forward hooks: they see the pruned layers' k × k attention too).
     Rows are unpadded here (equal lengths, all kept), so every row and key counts."""
-    from attnprune.methods.cost import row_entropy_bits
+    from attnprune.attention import row_entropy_bits
     from attnprune.research.analysis import attention_modules, row_gini
 
     previous = attn_implementation(model.config)
