@@ -381,10 +381,6 @@ class Host:
 
 
 _HOSTS: list[Host] = []
-# TRANSITIONAL (issue 47, helper C): what two hosts must declare in their register_host line
-# (hf_attention pops ffn_modules; hf_llama reads "ltp" as ltp_causal); removed once they do.
-_UNDECLARED = {"hf_attention": {"options": ("ffn_modules",)},
-               "hf_llama": {"aliases": {"ltp": "ltp_causal"}}}
 
 
 def register_host(name: str, kinds: tuple[str, ...], matches: Callable[[nn.Module], bool],
@@ -393,8 +389,7 @@ def register_host(name: str, kinds: tuple[str, ...], matches: Callable[[nn.Modul
     (``options``, ``aliases``, ``one_method``, ``inner``, ``label``)."""
 
     def deco(fn):
-        _HOSTS.append(Host(name, tuple(kinds), matches, fn, **{**_UNDECLARED.get(name, {}),
-                                                              **declared}))
+        _HOSTS.append(Host(name, tuple(kinds), matches, fn, **declared))
         return fn
 
     return deco

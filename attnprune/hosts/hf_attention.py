@@ -565,7 +565,8 @@ def _penalise(state: AttentionPatchState, _mod, _inp, out) -> None:
         call.aux_losses.append(state.modules.ffn_term(out, mask))
 
 
-@register_host("hf_attention", kinds=("attention", "loss"), matches=_matches)
+@register_host("hf_attention", kinds=("attention", "loss"), matches=_matches,
+               options=("ffn_modules",))  # taken out of **options by the host itself
 def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPatchState:
     """Patch ``model`` with the attention/loss method ``spec`` (options go to the method).
 

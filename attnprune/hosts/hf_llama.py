@@ -45,6 +45,7 @@ from attnprune.compat import BaseModelOutputWithPast
 from attnprune.hosts import register_host
 from attnprune.hosts.families import FAMILIES, Family, rotary_families
 from attnprune.hosts.hf_causal import (
+    CAUSAL_ALIASES,
     BlockPass,
     CausalPatchState,
     block_loop,
@@ -147,7 +148,7 @@ def _matches(model: nn.Module) -> bool:
     return rotary_inner(model) is not None and type(model).__module__.startswith("transformers.")
 
 
-@register_host("hf_llama", kinds=("token",), matches=_matches)
+@register_host("hf_llama", kinds=("token",), matches=_matches, aliases=CAUSAL_ALIASES)
 def patch(model: nn.Module, spec, keep_ratio: float | None = None, layers=None,
           enabled: bool = True, bucket_rows: bool = True, **options) -> CausalPatchState:
     """Patch a Llama-family decoder with a causal token method.
