@@ -111,7 +111,6 @@ from attnprune.hosts import (
 from attnprune.hosts.families import Family, family
 from attnprune.methods import registry
 
-METHOD_ATTR = "attnprune_method"
 # The attention implementation name of every patched model (the function behind it holds no
 # state, so one registration serves every model and every copy, and is never removed).
 IMPL = "attnprune_attention"
@@ -608,7 +607,7 @@ def patch(model: nn.Module, spec: registry.MethodSpec, **options) -> AttentionPa
         if adapter is not None:
             replace_forward(m, adapter, state, m)
     weights_configs(model, attn)
-    add_method_module(model, method)  # METHOD_ATTR, or a free variant when stacked
+    add_method_module(model, method)  # hosts.METHOD_MODULE, or a free variant when stacked
     state.handles += bracket_calls(model, state, state.calls, _start_forward)
     for i, m in enumerate(attn):
         state.handles.append(m.register_forward_pre_hook(

@@ -41,7 +41,6 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from attnprune.compat import create_causal_mask
-from attnprune.hosts.families import rotary_families
 from attnprune.hosts.hf_causal import cache_kwargs, gpt2_inner
 from attnprune.hosts.hf_llama import family_of, rotary_inner, sliding_window
 
@@ -216,8 +215,3 @@ def decoder_for(model: nn.Module) -> _Decoder:
     if gpt2_inner(model) is not None:
         return GPT2Decoder(model)
     return RotaryDecoder(model)
-
-
-def supported_families() -> list[str]:
-    """The model types prefill pruning runs on (those of the causal pruning hosts)."""
-    return ["gpt2", *rotary_families()]

@@ -51,8 +51,6 @@ def register(name: str, kind: str, paper: str = ""):
             raise ValueError(f"method {name!r} is already registered by {_REGISTRY[name].cls}")
         doc = (inspect.getdoc(cls) or "").strip().splitlines()
         _REGISTRY[name] = MethodSpec(name, kind, cls, doc[0] if doc else "", paper)
-        cls.method_name = name
-        cls.method_kind = kind
         return cls
 
     return deco
