@@ -166,7 +166,7 @@ def main(path):
 
 
 def compare(a_path, b_path):
-    a, b = torch.load(a_path), torch.load(b_path)
+    a, b = torch.load(a_path, weights_only=True), torch.load(b_path, weights_only=True)
     print("a:", a.pop("__file__"), " b:", b.pop("__file__"))
     bad = 0
     for k in sorted(set(a) | set(b)):
