@@ -5,9 +5,11 @@
 #   2. six students distilled from the packaged all-MiniLM-L6-v2, seeds 0-2: tome keep 0.35
 #      and keep 0.25, linear schedule (default short-input floor: 16 tokens);
 #   3. embed-front on the test subset (1,000 queries, 1,500 passages, as embed_front_subset):
-#      stock, the two zero-shot ToMe points and the six students, each setting (all patched,
-#      against a stock index, stock queries); the seed groups against stock and each other.
-# Two students train at a time (one thread each): about 12 min a pair; the front about 40 min.
+#      stock, one drop (attention_mass ρ 0.5 after layer 1), the two zero-shot ToMe points and
+#      the six students, each also + int8, each setting (all patched, against a stock index,
+#      stock queries); the seed groups against stock and each other, and paired by query
+#      against their zero-shot point, the drop and (+int8) stock + int8.
+# Two students train at a time (one thread each): about 20 min a pair; the front about 75 min.
 # Resumable: a finished student (DIR/done) and a finished front point are not redone.
 #
 #   bash scripts/embed_front_merged.sh WORK [OUT]
@@ -42,8 +44,11 @@ distill() {  # distill NAME SEED OPTIONS...
 wait
 S=""
 for k in 35 25; do for s in 0 1 2; do S="$S${S:+,}tome0.$k.s$s=$WORK/t${k}s$s"; done; done
+C='"student:tome0.35|tome[keep_ratio=0.35,schedule=linear]", "student:tome0.25|tome[keep_ratio=0.25,schedule=linear]",'
+C="$C"' "student:tome0.35|attention_mass@0.5/L1", "student:tome0.25|attention_mass@0.5/L1",'
+C="$C"' "student:tome0.25+int8|attention_mass@0.5/L1+int8", "student:tome0.25+int8|stock+int8"'
 python -m attnprune embed-front --data "retrieval:$BENCH" --queries 1000 --passages 1500 \
-  --keep-ratios "[]" --layers "[]" --int8 false --onnx-int8 false \
+  --keep-ratios "[0.5]" --layers "[]" --int8 true --onnx-int8 false \
   --patches '["tome keep_ratio=0.35 schedule=linear", "tome keep_ratio=0.25 schedule=linear"]' \
-  --students "$S" \
+  --students "$S" --compare "[$C]" \
   --timing-passages 128 --timing-repeats 3 --progress --out "$OUT" --exact-out

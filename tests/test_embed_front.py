@@ -297,6 +297,46 @@ def test_patch_points_documents_only_setting_and_paired_comparisons(tiny_st, tmp
     assert "Paired comparisons" in front and "stock queries" in front
 
 
+def test_a_seed_group_is_compared_as_one_point(tiny_st, tmp_path):
+    """``--compare "student:NAME|B"``: the students NAME.s0, NAME.s1 averaged query by query
+    (not one seed's) against B, paired by query, and the time ratio is the mean of the seeds'
+    median times over B's."""
+    from sentence_transformers import SentenceTransformer
+
+    from attnprune.research import retrieval_metrics as rm
+
+    other = tmp_path / "other"
+    st = SentenceTransformer(str(tiny_st), device="cpu")
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in st.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    st.save(str(other))
+    data = _write_data(tmp_path / "bench")
+    out = tmp_path / "out"
+    drop = "attention_mass@0.5/L1"
+    assert ef.main(_argv(tiny_st, data, out, "--queries", "10", "--passages", "20",
+                         "--keep-ratios", "[0.5]", "--int8", "false", "--onnx-int8", "false",
+                         "--layers", "[]", "--students", f"a.s0={tiny_st},a.s1={other}",
+                         "--compare", f'["student:a|{drop}"]')) == 0
+    s = json.loads((out / "summary.json").read_text())
+    seeds = ["student:a.s0", "student:a.s1"]
+    ndcg = {}
+    for label in [*seeds, drop]:
+        with np.load(out / f"predictions/{ef._file(label)}.npz") as z:
+            ndcg[label] = rm.metrics_from_ranks(z["rank_all"])["ndcg@10"]
+    assert not np.array_equal(ndcg[seeds[0]], ndcg[seeds[1]])  # the seeds differ
+    pair = s["pairs"][f"student:a − {drop}"]
+    assert pair["all"]["ndcg@10"]["delta"] == pytest.approx(
+        ((ndcg[seeds[0]] + ndcg[seeds[1]]) / 2 - ndcg[drop]).mean())
+    t = s["points"]
+    assert pair["time_ratio"] == pytest.approx(
+        np.mean([t[k]["time"]["median_s"] for k in seeds]) / t[drop]["time"]["median_s"])
+    with pytest.raises(ValueError, match="compare.0.: give 'A|B'"):  # one seed is no group
+        ef.EmbedFrontConfig(data=f"retrieval:{data}", students=(f"a.s0={tiny_st}",),
+                            compare=(f"student:a|{drop}",))
+
+
 @pytest.mark.parametrize("option, value, match", [
     ("--patches", '["crisp sparsity=0.5"]', "patches.0.: 'crisp' is a attention method"),
     ("--patches", '["tome keep_ratio"]', "is not key=value"),

@@ -42,6 +42,8 @@ Measured per configuration:
   paired bootstrap CI and p-value, Holm-corrected across the configurations for each
   setting and metric; ``compare`` pairs ``"A|B"`` of labels get Δ = A − B paired by query,
   Holm-corrected across the pairs (``summary.json``'s ``pairs``, a table in ``front.md``);
+  a label may be a seed group ``student:NAME`` (its seeds' per-query metrics averaged, its
+  time the mean of theirs);
 * speed: CPU time of ``encode`` on ``timing_passages`` evenly spaced passages of the
   evaluated corpus, all configurations in one process, interleaved round-robin
   (:func:`attnprune.measure.time_interleaved`, ``timing_repeats`` rounds after one warm-up
@@ -114,7 +116,7 @@ class EmbedFrontConfig:
     onnx_int8: bool = True  # add sentence-transformers' ONNX dynamic-int8 path
     students: tuple[str, ...] = ()  # NAME=DIR: saved distilled SentenceTransformer folders
     patches: tuple[str, ...] = ()  # "METHOD key=value ...": any attnprune.patch call
-    compare: tuple[str, ...] = ()  # "A|B": labels compared paired by query (Holm across)
+    compare: tuple[str, ...] = ()  # "A|B": labels (or seed groups student:NAME) paired by query
     timing_passages: int = 256  # passages encoded per timed call
     timing_repeats: int = 3  # interleaved rounds
     clock: str = "process"  # process (CPU time of this process) or wall
@@ -175,6 +177,7 @@ class EmbedFrontConfig:
         for i, spec in enumerate(self.patches):
             parse_patch(spec, f"patches[{i}]")
         labels = {p["label"] for p in points(self)}
+        labels |= set(_members(labels))  # a seed group compares as one point
         for i, pair in enumerate(self.compare):
             a, sep, b = pair.partition("|")
             if not sep or a not in labels or b not in labels or a == b:
@@ -506,13 +509,19 @@ def summarize(cfg: EmbedFrontConfig, results: ResultsDir, sub: dict, source: str
     groups = (seed_groups(per, timing["points"], n_resamples=cfg.resamples, settings=settings)
               if timing is not None else {"groups": {}, "pairs": {}})
     pairs = {}
+    members = _members(per)  # a seed group "student:NAME" in a pair: its seed-averaged metrics
+    per_or_group = per | _group_metrics(per, members, settings)
+
+    def median_s(label):  # a group's: the mean of its seeds' medians
+        labs = members.get(label, {0: label}).values()
+        return float(np.mean([timing["points"][lab]["median_s"] for lab in labs]))
+
     for pair in cfg.compare:  # Δ = A − B paired by query; Holm across the pairs below
         a, _, b = pair.partition("|")
         pairs[f"{a} − {b}"] = {
             "a": a, "b": b,
-            "time_ratio": None if timing is None else (
-                timing["points"][a]["median_s"] / timing["points"][b]["median_s"]),
-            **{s: rm.compare(per[a][s], per[b][s], n_resamples=cfg.resamples)
+            "time_ratio": None if timing is None else median_s(a) / median_s(b),
+            **{s: rm.compare(per_or_group[a][s], per_or_group[b][s], n_resamples=cfg.resamples)
                for s in settings}}
     for s in settings:
         for m in rm.METRICS:
@@ -551,6 +560,27 @@ def summarize(cfg: EmbedFrontConfig, results: ResultsDir, sub: dict, source: str
     return summary
 
 
+def _members(labels) -> dict[str, dict[int, str]]:
+    """The seed groups among ``labels``: ``student:NAME`` (``student:NAME+int8``) → seed →
+    label, for the students ``NAME.s<seed>`` with at least two seeds."""
+    members: dict[str, dict[int, str]] = {}
+    for label in labels:
+        m = _SEEDED.match(label)
+        if m:
+            key = f"student:{m['name']}{m['int8'] or ''}"
+            members.setdefault(key, {})[int(m["seed"])] = label
+    return {k: dict(sorted(v.items())) for k, v in sorted(members.items()) if len(v) >= 2}
+
+
+def _group_metrics(per: dict, members: dict, settings) -> dict:
+    """Each group's per-query metrics averaged over its seeds, per setting."""
+    from attnprune.research import retrieval_metrics as rm
+
+    return {k: {s: {mt: np.mean([np.asarray(per[lab][s][mt], dtype=np.float64)
+                                 for lab in labs.values()], axis=0) for mt in rm.METRICS}
+                for s in settings} for k, labs in members.items()}
+
+
 def seed_groups(per: dict, times: dict, *, n_resamples: int = 10_000,
                 settings=None) -> dict:
     """Students trained with several seeds, as one point each: the students labelled
@@ -567,16 +597,8 @@ def seed_groups(per: dict, times: dict, *, n_resamples: int = 10_000,
 
     if settings is None:  # the settings every point has
         settings = [s for s in SETTINGS if all(s in v for v in per.values())]
-    members: dict[str, dict[int, str]] = {}
-    for label in per:
-        m = _SEEDED.match(label)
-        if m:
-            key = f"student:{m['name']}{m['int8'] or ''}"
-            members.setdefault(key, {})[int(m["seed"])] = label
-    members = {k: dict(sorted(v.items())) for k, v in sorted(members.items()) if len(v) >= 2}
-    avg = {k: {s: {mt: np.mean([np.asarray(per[lab][s][mt], dtype=np.float64)
-                                for lab in labs.values()], axis=0) for mt in rm.METRICS}
-               for s in settings} for k, labs in members.items()}
+    members = _members(per)
+    avg = _group_metrics(per, members, settings)
     out: dict = {"groups": {}, "pairs": {}}
     for k, labs in members.items():
         t = [times[lab] for lab in labs.values()]
