@@ -421,6 +421,8 @@ def _split_words(text: str) -> list[str]:
 
 
 def _clean(tok: str) -> str:
+    if tok == "[]":  # an empty list is a value (--layers [])
+        return tok
     return tok.strip("[]") if tok not in ("[", "]") else ""
 
 

@@ -46,7 +46,8 @@ S=""
 for k in 35 25; do for s in 0 1 2; do S="$S${S:+,}tome0.$k.s$s=$WORK/t${k}s$s"; done; done
 C='"student:tome0.35|tome[keep_ratio=0.35,schedule=linear]", "student:tome0.25|tome[keep_ratio=0.25,schedule=linear]",'
 C="$C"' "student:tome0.35|attention_mass@0.5/L1", "student:tome0.25|attention_mass@0.5/L1",'
-C="$C"' "student:tome0.25+int8|attention_mass@0.5/L1+int8", "student:tome0.25+int8|stock+int8"'
+C="$C"' "student:tome0.25+int8|attention_mass@0.5/L1+int8", "student:tome0.25+int8|stock+int8",'
+C="$C"' "student:tome0.25+int8|attention_mass@0.5/L1", "student:tome0.35+int8|attention_mass@0.5/L1"'
 python -m attnprune embed-front --data "retrieval:$BENCH" --queries 1000 --passages 1500 \
   --keep-ratios "[0.5]" --layers "[]" --int8 true --onnx-int8 false \
   --patches '["tome keep_ratio=0.35 schedule=linear", "tome keep_ratio=0.25 schedule=linear"]' \

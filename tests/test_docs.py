@@ -126,6 +126,14 @@ def test_unknown_command_and_missing_config_fail(repo):
     assert any("--config configs/nope.yaml does not exist" in e for e in errs)
 
 
+def test_an_empty_list_is_a_value(repo):
+    """``--layers []`` gives the option an empty list; the next option is not its value."""
+    ok = "\n`attnprune embed-front --data retrieval:DIR --layers [] --int8 true --out OUT`\n"
+    assert _page(repo, GOOD + ok) == []
+    errs = _page(repo, GOOD + ok.replace("--layers []", "--layers [x]"))
+    assert any("layers" in e for e in errs)
+
+
 def test_placeholders_and_alternatives_are_not_type_checked(repo):
     body = GOOD + ("\n`attnprune finetune --model M --data D --method X --init-from runs/<run> --out DIR`\n\n"
                    "`attnprune bench encoder|attention --threads 1`\n")
