@@ -510,7 +510,9 @@ def summarize(cfg: EmbedFrontConfig, results: ResultsDir, sub: dict, source: str
               if timing is not None else {"groups": {}, "pairs": {}})
     pairs = {}
     members = _members(per)  # a seed group "student:NAME" in a pair: its seed-averaged metrics
-    per_or_group = per | _group_metrics(per, members, settings)
+    named = {x for pair in cfg.compare for x in pair.split("|")}
+    per_or_group = per | _group_metrics(
+        per, {k: v for k, v in members.items() if k in named}, settings)
 
     def median_s(label):  # a group's: the mean of its seeds' medians
         labs = members.get(label, {0: label}).values()
