@@ -376,3 +376,47 @@ def test_front_marks_the_non_dominated_points(tmp_path):
     row = next(line for line in md.splitlines() if line.startswith("| full |"))
     assert row.split("|")[-3].strip() == "b32"
     assert (res.path / "pareto.png").is_file()
+
+
+def test_a_merging_point_is_compared_with_the_same_point_dropping(tmp_path):
+    """Issue 45: a point with ``reduce: merge`` gets a paired Δ against the point that differs
+    from it only by dropping (± int8 alike), in the Holm family, with its non-inferiority at the
+    margin; points without such a twin (and the dropping point itself) get none."""
+    from attnprune.research.pareto import summarize
+    from attnprune.runs.results import ResultsDir
+
+    cfg = ParetoConfig(seeds=(0, 1, 2), layer_drop=(1,), int8=True, timing_batch_sizes=(32,),
+                       prune=({"method": "attention_mass", "keep_ratio": 0.5, "after_layer": 1,
+                               "options": {"variant": "mean"}},
+                              {"method": "attention_mass", "keep_ratio": 0.5, "after_layer": 1,
+                               "options": {"variant": "mean", "reduce": "merge"}},
+                              {"method": "attention_mass", "keep_ratio": 0.3, "after_layer": 1,
+                               "options": {"variant": "mean", "reduce": "merge"}}))
+    labels = [p["label"] for p in cfg.points()]
+    drop, merge, lone = labels[2:]
+    res = ResultsDir(tmp_path)
+    y = np.arange(400) % 2
+    share = {"full": 0.95, "layers=1": 0.80, drop: 0.85, merge: 0.93, lone: 0.90,
+             "full+int8": 0.95, "layers=1+int8": 0.80, drop + "+int8": 0.84,
+             merge + "+int8": 0.84, lone + "+int8": 0.90}
+    for s in cfg.seeds:
+        wrong = np.random.default_rng(s).permutation(400)
+        for label, q in share.items():
+            pred = y.copy()
+            pred[wrong[: round(400 * (1 - q))]] ^= 1
+            res.save_predictions(label, s, y, pred)
+    rows = {lab: {"time_relative": 0.5, "flops_relative": 0.5, "kept_ratio": 1.0} for lab in share}
+    res.write_json("timing.json", {"threads": 1, "batch_sizes": {"32": {"fair": rows, "padded": rows}}})
+    out = summarize(cfg, res)
+    p = out["points"]
+    v = p[merge]["vs_drop"]
+    assert (v["a"], v["b"]) == (merge, drop)
+    assert v["diff"] == pytest.approx(0.08) and v["ci95"][0] > 0 and v["noninferior"] is True
+    assert v in out["comparisons"] and "p_holm" in v
+    q = p[merge + "+int8"]["vs_drop"]  # int8 against int8, equal accuracy: non-inferior at 1 pp
+    assert q["b"] == drop + "+int8" and q["diff"] == pytest.approx(0.0) and q["noninferior"] is True
+    assert "vs_drop" not in p[drop] and "vs_drop" not in p[lone] and "vs_drop" not in p["full"]
+    md = (res.path / "pareto.md").read_text()
+    assert "Δ vs the same point dropping" in md
+    row = next(line for line in md.splitlines() if line.startswith(f"| {merge} |"))
+    assert "+8.00 [" in row

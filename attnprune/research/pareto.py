@@ -49,7 +49,9 @@ examples of the seed-averaged correctness difference (primary: rows paired withi
 the same examples resampled for every seed), (b) the t-interval of the per-seed differences
 (training variance, 2 df at 3 seeds: wide), and a p-value from the McNemar test on discordant
 pairs summed over seeds (the Mantel–Haenszel test for matched pairs stratified by seed); Holm
-over the whole family of p-values. ``vs_layer_drops_le``: Δ and CI against every layer-drop
+over the whole family of p-values. ``vs_drop``: for a point with ``options: {reduce: merge}``,
+the same Δ against the point that differs from it only by dropping (same quantization), in the
+Holm family, with ``noninferior`` (lower CI bound > −``margin``). ``vs_layer_drops_le``: Δ and CI against every layer-drop
 point at equal or lower latency. ``on_front``: per timed batch size, whether no other point
 has fair latency ≤ and mean accuracy ≥ (one strictly): the front, ringed in the figure.
 ``verdict`` marks the points that meet the issue's bar, all of:

@@ -114,6 +114,18 @@ def summarize(cfg: ParetoConfig, results: ResultsDir) -> dict:
                     c["against"] = "nearest layer-drop at equal or lower latency"
                     comparisons.append(c)
                     e["vs_layer_drop_le"] = c
+    twins = _drop_twins(cfg)
+    for label, e in points.items():  # a merging point against the same point dropping
+        q = INT8 if e["int8"] else ""
+        twin = twins.get(label.removesuffix(INT8))
+        if twin is None or twin + q not in points:
+            continue
+        c = _paired(kp, label, twin + q, cfg.seeds)
+        if c is not None:
+            c["against"] = "the same point dropping"
+            c["noninferior"] = c["ci95"][0] > -cfg.margin
+            comparisons.append(c)
+            e["vs_drop"] = c
     ps = [c["p"] for c in comparisons]
     if ps:
         for c, ph in zip(comparisons, holm(ps), strict=True):
@@ -165,6 +177,20 @@ def summarize(cfg: ParetoConfig, results: ResultsDir) -> dict:
         if timing is not None:
             _figure(points, cfg, results)
     return summary
+
+
+def _drop_twins(cfg: ParetoConfig) -> dict[str, str]:
+    """{label of a point with ``options.reduce: merge``: label of the point that differs from it
+    only by dropping} for the pairs the config has."""
+    def shape(p: dict, reduce: str) -> tuple:
+        opts = {k: v for k, v in p["options"].items() if k != "reduce"}
+        return (reduce, p["method"], p["keep_ratio"], p["after_layer"], str(p["schedule"]),
+                p["layers"], p.get("rank_distill"), repr(sorted(opts.items())))
+
+    pts = [p for p in cfg.points() if p["kind"] == "prune"]
+    drops = {shape(p, "drop"): p["label"] for p in pts if p["options"].get("reduce", "drop") == "drop"}
+    return {p["label"]: drops[shape(p, "drop")] for p in pts
+            if p["options"].get("reduce") == "merge" and shape(p, "drop") in drops}
 
 
 def _family(label: str) -> str:
@@ -244,6 +270,11 @@ def _table_rows(points: dict, cfg: ParetoConfig) -> list[dict]:
                "delta_vs_layer_drop_le_pp": None if not vle else 100 * vle["diff"],
                "delta_vs_layer_drop_le_ci95_pp": None if not vle else [100 * x for x in vle["ci95"]],
                "p_holm_vs_layer_drop_le": vle.get("p_holm"),
+               "drop_twin": (e.get("vs_drop") or {}).get("b"),
+               "delta_vs_drop_pp": None if "vs_drop" not in e else 100 * e["vs_drop"]["diff"],
+               "delta_vs_drop_ci95_pp": (None if "vs_drop" not in e
+                                         else [100 * x for x in e["vs_drop"]["ci95"]]),
+               "p_holm_vs_drop": (e.get("vs_drop") or {}).get("p_holm"),
                "flops_relative": (e.get("flops_relative") or {}).get(bss[0])}
         for bs in bss:
             row[f"time_b{bs}_fair"] = _lat(e, bs, "fair")
@@ -263,6 +294,9 @@ def _markdown(rows: list[dict], composition: list[dict]) -> str:
     bss = [k[len("time_b"):-len("_fair")] for k in rows[0] if k.startswith("time_b") and k.endswith("_fair")]
     head = ["point", "seeds", "accuracy [95 % CI]", "Δ vs full, pp [95 % CI]", "p_holm",
             "Δ vs layer-drop at ≤ latency, pp [95 % CI]", "p_holm", "FLOPs"]
+    twins = any(r["drop_twin"] for r in rows)  # merging points: Δ against dropping, only then
+    if twins:
+        head += ["Δ vs the same point dropping, pp [95 % CI]", "p_holm"]
     head += [f"time b{b} fair (padded)" for b in bss] + ["front", "meets bar"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -279,6 +313,11 @@ def _markdown(rows: list[dict], composition: list[dict]) -> str:
                  "—" if r["p_holm_vs_full"] is None else f"{r['p_holm_vs_full']:.2g}", dl,
                  "—" if r["p_holm_vs_layer_drop_le"] is None else f"{r['p_holm_vs_layer_drop_le']:.2g}",
                  f(r["flops_relative"])]
+        if twins:
+            lo, hi = r["delta_vs_drop_ci95_pp"] or (None, None)
+            cells += ["—", "—"] if r["drop_twin"] is None else [
+                f"{r['delta_vs_drop_pp']:+.2f} [{lo:+.2f}, {hi:+.2f}]",
+                "—" if r["p_holm_vs_drop"] is None else f"{r['p_holm_vs_drop']:.2g}"]
         cells += [f"{f(r[f'time_b{b}_fair'], 2)} ({f(r[f'time_b{b}_padded'], 2)})" for b in bss]
         cells.append(", ".join(f"b{b}" for b in bss if r.get(f"front_b{b}")))
         bar = {True: "yes", False: "no", None: ""}[r["meets_bar"]]
