@@ -182,15 +182,15 @@ def summarize(cfg: ParetoConfig, results: ResultsDir) -> dict:
 def _drop_twins(cfg: ParetoConfig) -> dict[str, str]:
     """{label of a point with ``options.reduce: merge``: label of the point that differs from it
     only by dropping} for the pairs the config has."""
-    def shape(p: dict, reduce: str) -> tuple:
+    def shape(p: dict) -> tuple:  # everything but the reduction
         opts = {k: v for k, v in p["options"].items() if k != "reduce"}
-        return (reduce, p["method"], p["keep_ratio"], p["after_layer"], str(p["schedule"]),
+        return (p["method"], p["keep_ratio"], p["after_layer"], str(p["schedule"]),
                 p["layers"], p.get("rank_distill"), repr(sorted(opts.items())))
 
     pts = [p for p in cfg.points() if p["kind"] == "prune"]
-    drops = {shape(p, "drop"): p["label"] for p in pts if p["options"].get("reduce", "drop") == "drop"}
-    return {p["label"]: drops[shape(p, "drop")] for p in pts
-            if p["options"].get("reduce") == "merge" and shape(p, "drop") in drops}
+    drops = {shape(p): p["label"] for p in pts if p["options"].get("reduce", "drop") == "drop"}
+    return {p["label"]: drops[shape(p)] for p in pts
+            if p["options"].get("reduce") == "merge" and shape(p) in drops}
 
 
 def _family(label: str) -> str:
